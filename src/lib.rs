@@ -1,0 +1,19 @@
+//! decisio: an OpenAI-compatible gateway that turns a chat model into a
+//! calibrated decision engine.
+//!
+//! The layers, from the outside in:
+//! - [`server`]: the HTTP surface (actix-web). Typed requests and responses,
+//!   validation, errors in OpenAI's shape, auth, metrics. Knows no backend.
+//! - [`route`]: the text route. Turns requests into prompts and engine jobs
+//!   and engine results into answers. Knows no HTTP.
+//! - [`engine`]: the seam the route talks to, and its backends (MLX).
+//! - [`prompt`]: chat templates (Hugging Face compatible) and tokenizers.
+//! - [`convert`]: GGUF checkpoints to MLX conversion folders.
+//! - [`settings`]: every limit and default, in one place.
+
+pub mod convert;
+pub mod engine;
+pub mod prompt;
+pub mod route;
+pub mod server;
+pub mod settings;
