@@ -1,0 +1,1 @@
+//! prompt (in progress)
