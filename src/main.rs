@@ -1,1 +1,189 @@
-fn main() {}
+//! The `decisio` command: `serve` a model behind the OpenAI-compatible API,
+//! or `convert` a GGUF checkpoint into an MLX conversion folder.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use decisio::engine::mlx::{MlxEngine, MlxOptions};
+use decisio::engine::{Engine, EngineStatus};
+use decisio::prompt::{ChatTemplate, TextTokenizer};
+use decisio::route::TextRoute;
+use decisio::server::{self, AppState};
+use decisio::settings::Limits;
+
+#[derive(Parser)]
+#[command(name = "decisio", version, about = "A calibrated decision engine behind an OpenAI-compatible API")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve a model over HTTP.
+    Serve(ServeArgs),
+    /// Turn a GGUF checkpoint into an MLX conversion folder.
+    Convert(decisio::convert::ConvertArgs),
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Backend {
+    /// A local MLX conversion (Metal on macOS, the CPU elsewhere).
+    Mlx,
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    /// The backend that runs the model.
+    #[arg(long, value_enum, default_value = "mlx")]
+    backend: Backend,
+    /// The MLX conversion: a local folder, or a Hugging Face repository id
+    /// already in the Hugging Face cache.
+    #[arg(long)]
+    model: String,
+    /// A folder with tokenizer.json and tokenizer_config.json to build
+    /// prompts with (default: the model's own).
+    #[arg(long)]
+    tokenizer: Option<String>,
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    #[arg(long, default_value_t = 8000)]
+    port: u16,
+    /// The model name clients send (default: the --model argument).
+    #[arg(long)]
+    served_model_name: Option<String>,
+    /// Require `Authorization: Bearer <key>` on every route but /health and /metrics.
+    #[arg(long, env = "DECISIO_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+    /// Largest top_logprobs (chat) or logprobs (completions).
+    #[arg(long, default_value_t = Limits::default().max_logprobs)]
+    max_logprobs: usize,
+    /// Jobs that may wait for the engine; more are answered 503.
+    #[arg(long, default_value_t = Limits::default().max_queue)]
+    max_queue: usize,
+    /// Largest request body in MiB; larger ones are answered 413.
+    #[arg(long, default_value_t = (Limits::default().max_body_bytes >> 20) as u64)]
+    max_body_mb: u64,
+}
+
+fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,actix_server=warn".into()),
+        )
+        .init();
+    match Cli::parse().command {
+        Command::Serve(args) => serve(args),
+        Command::Convert(args) => decisio::convert::run(args),
+    }
+}
+
+/// A local folder, or a repository id found in the Hugging Face cache.
+fn resolve_model(spec: &str) -> Result<PathBuf> {
+    let path = Path::new(spec);
+    if path.is_dir() {
+        return Ok(path.to_path_buf());
+    }
+    if let Some((org, name)) = spec.split_once('/') {
+        if !org.is_empty() && !name.is_empty() && !name.contains('/') {
+            let home = std::env::var_os("HF_HOME")
+                .map(PathBuf::from)
+                .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/huggingface")))
+                .unwrap_or_default();
+            let repo = home.join("hub").join(format!("models--{org}--{name}"));
+            let revision = std::fs::read_to_string(repo.join("refs/main")).unwrap_or_default();
+            let snapshot = repo.join("snapshots").join(revision.trim());
+            if !revision.trim().is_empty() && snapshot.is_dir() {
+                return Ok(snapshot);
+            }
+            bail!(
+                "`{spec}` is neither a folder nor a repository in the Hugging Face cache ({}); \
+                 download it first (for example `hf download {spec}`) or pass a local folder",
+                repo.display()
+            );
+        }
+    }
+    bail!("--model `{spec}` is not a folder; pass an MLX conversion folder")
+}
+
+/// Token ids that end a generation: generation_config.json's eos_token_id
+/// (a number or a list) and the tokenizer's eos token.
+fn stop_token_ids(model: &Path, tokenizer: &TextTokenizer, template: &ChatTemplate) -> Vec<u32> {
+    let mut ids = Vec::new();
+    if let Ok(text) = std::fs::read_to_string(model.join("generation_config.json")) {
+        if let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) {
+            match v.get("eos_token_id") {
+                Some(serde_json::Value::Number(n)) => ids.extend(n.as_u64().map(|n| n as u32)),
+                Some(serde_json::Value::Array(a)) => {
+                    ids.extend(a.iter().filter_map(|n| n.as_u64()).map(|n| n as u32))
+                }
+                _ => {}
+            }
+        }
+    }
+    let eos = template.special_tokens().iter().find(|(name, _)| name == "eos_token");
+    if let Some((_, token)) = eos {
+        ids.extend(tokenizer.token_to_id(token));
+    }
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
+
+fn serve(args: ServeArgs) -> Result<()> {
+    let model_dir = resolve_model(&args.model)?;
+    let tokenizer_dir = match &args.tokenizer {
+        Some(t) => resolve_model(t)?,
+        None => model_dir.clone(),
+    };
+    let tokenizer = TextTokenizer::from_file(tokenizer_dir.join("tokenizer.json"))
+        .with_context(|| format!("loading the tokenizer of {}", tokenizer_dir.display()))?;
+    let template = ChatTemplate::from_tokenizer_config(tokenizer_dir.join("tokenizer_config.json"))
+        .with_context(|| format!("loading the chat template of {}", tokenizer_dir.display()))?;
+    let limits = Limits {
+        max_logprobs: args.max_logprobs,
+        max_queue: args.max_queue,
+        max_body_bytes: (args.max_body_mb as usize) << 20,
+        ..Limits::default()
+    };
+    let engine: Arc<dyn Engine> = match args.backend {
+        Backend::Mlx => Arc::new(MlxEngine::start(
+            model_dir.clone(),
+            MlxOptions {
+                max_queue: limits.max_queue,
+                prefill_chunk: limits.prefill_chunk,
+            },
+        )?),
+    };
+    let stops = stop_token_ids(&model_dir, &tokenizer, &template);
+    let route = Arc::new(TextRoute::new(engine, tokenizer, template, stops, limits.clone()));
+    let state = AppState::new(
+        route,
+        args.served_model_name.unwrap_or_else(|| args.model.clone()),
+        args.model.clone(),
+        args.api_key,
+        limits,
+    );
+    exit_if_load_fails(state.route.clone());
+    actix_web::rt::System::new().block_on(server::serve(state, &args.host, args.port))?;
+    Ok(())
+}
+
+/// A server whose model cannot load can never answer: stop the process with
+/// the loader's message instead of serving 503s forever.
+fn exit_if_load_fails(route: Arc<TextRoute>) {
+    std::thread::spawn(move || loop {
+        match route.engine().status() {
+            EngineStatus::Loading => std::thread::sleep(std::time::Duration::from_millis(100)),
+            EngineStatus::Ready => return,
+            EngineStatus::Failed(e) => {
+                eprintln!("error: the model failed to load: {e}");
+                std::process::exit(1);
+            }
+        }
+    });
+}

@@ -1,1 +1,34 @@
-//! settings (in progress)
+//! Every limit and default of the server, in one place.
+//!
+//! The command line fills [`Limits`] (each field has a flag); the defaults
+//! here are what the docs state (`docs/limits.md`).
+
+/// What the server accepts; anything beyond is refused with a clear error.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    /// Largest request body, in bytes (413 beyond).
+    pub max_body_bytes: usize,
+    /// Jobs that may wait for the engine (503 beyond).
+    pub max_queue: usize,
+    /// Largest `top_logprobs` (chat) or `logprobs` (completions).
+    pub max_logprobs: usize,
+    /// Most stop sequences in one request.
+    pub max_stop: usize,
+    /// Longest stop sequence, in bytes.
+    pub max_stop_bytes: usize,
+    /// Prompt tokens per forward pass while reading a prompt.
+    pub prefill_chunk: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_body_bytes: 8 << 20,
+            max_queue: 64,
+            max_logprobs: 20,
+            max_stop: 4,
+            max_stop_bytes: 256,
+            prefill_chunk: 2048,
+        }
+    }
+}

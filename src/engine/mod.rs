@@ -1,1 +1,137 @@
-//! engine (in progress)
+//! The engine seam: what the text route asks of a backend, and the backends.
+//!
+//! A backend owns a model and runs jobs on it: generate tokens from a prompt
+//! of token ids (with per-token log-probabilities when asked). The route
+//! builds prompts and reads results; it never sees MLX arrays or HTTP.
+//!
+//! [`mlx`] runs a local MLX model on a thread of its own behind a bounded
+//! queue.
+
+pub mod mlx;
+
+use tokio::sync::mpsc;
+
+/// What a backend serves.
+#[derive(Clone, Debug)]
+pub struct ModelInfo {
+    /// The longest prompt plus completion, in tokens.
+    pub context_length: usize,
+    /// Rows of the output projection.
+    pub vocab_size: usize,
+    /// The architecture (`model_type` of config.json).
+    pub architecture: String,
+}
+
+/// How the next token is chosen.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sampling {
+    /// 0 picks the most likely token (greedy); otherwise logits are divided
+    /// by it before sampling.
+    pub temperature: f32,
+    /// Nucleus sampling: only the smallest set of tokens whose probability
+    /// adds up to `top_p` is drawn from.
+    pub top_p: f32,
+    /// Seed of the draw; the same seed and prompt give the same tokens.
+    pub seed: Option<u64>,
+}
+
+impl Default for Sampling {
+    fn default() -> Self {
+        Sampling {
+            temperature: 1.0,
+            top_p: 1.0,
+            seed: None,
+        }
+    }
+}
+
+/// A generation job.
+#[derive(Clone, Debug)]
+pub struct GenerateRequest {
+    pub prompt: Vec<u32>,
+    /// At most this many new tokens.
+    pub max_tokens: usize,
+    pub sampling: Sampling,
+    /// Report each generated token's log-probability and this many
+    /// alternatives (0: the token's own only); `None`: no log-probabilities.
+    pub logprobs: Option<usize>,
+    /// Report each prompt token's log-probability and this many alternatives
+    /// (for completions with `echo`); `None`: not computed.
+    pub prompt_logprobs: Option<usize>,
+    /// Tokens that end the generation (not themselves reported).
+    pub stop_token_ids: Vec<u32>,
+}
+
+/// A token's log-probability and the most likely alternatives at its
+/// position, in descending order (ties by lower token id).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprobs {
+    pub logprob: f32,
+    pub top: Vec<(u32, f32)>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// A stop token (or, decided by the route, a stop string).
+    Stop,
+    /// `max_tokens` reached.
+    Length,
+}
+
+impl FinishReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+        }
+    }
+}
+
+/// What a generation job reports, in order: the prompt's log-probabilities
+/// if asked, each token, then the end.
+#[derive(Clone, Debug)]
+pub enum GenerateEvent {
+    /// One entry per prompt token; the first is `None` (nothing precedes it).
+    Prompt(Vec<Option<TokenLogprobs>>),
+    Token {
+        id: u32,
+        logprobs: Option<TokenLogprobs>,
+    },
+    Finished(FinishReason),
+}
+
+/// The events of one job. Dropping the receiver cancels the job.
+pub type GenerateStream = mpsc::Receiver<Result<GenerateEvent, EngineError>>;
+
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("the request queue is full ({0} jobs waiting); retry later or raise --max-queue")]
+    QueueFull(usize),
+    #[error("the model is still loading; retry once GET /health answers 200")]
+    Loading,
+    #[error("the model failed to load: {0}")]
+    LoadFailed(String),
+    #[error("the engine has stopped")]
+    Stopped,
+    #[error("model error: {0}")]
+    Model(String),
+}
+
+/// Whether a backend can take jobs.
+#[derive(Clone, Debug, PartialEq)]
+pub enum EngineStatus {
+    Loading,
+    Ready,
+    Failed(String),
+}
+
+/// The seam between the route and a backend.
+pub trait Engine: Send + Sync + 'static {
+    fn info(&self) -> &ModelInfo;
+    fn status(&self) -> EngineStatus;
+    /// Jobs waiting or running.
+    fn queue_depth(&self) -> usize;
+    /// Queues a generation job; fails at once when the queue is full or the
+    /// model is not ready.
+    fn generate(&self, request: GenerateRequest) -> Result<GenerateStream, EngineError>;
+}

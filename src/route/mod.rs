@@ -1,1 +1,173 @@
-//! route (in progress)
+//! The text route: from what a client asked to engine jobs and back.
+//!
+//! It renders chat messages with the model's template, tokenizes, checks the
+//! context length, queues a generation job on the engine, and turns the
+//! engine's tokens into text (stop strings, incremental detokenization,
+//! log-probabilities with their token texts). It knows nothing of HTTP: the
+//! server maps [`RouteError`] to statuses and [`Output`] to OpenAI shapes.
+
+mod generate;
+
+use std::sync::Arc;
+
+use serde_json::{Map, Value};
+
+pub use generate::{GenerationStream, Output, TokenChoice, TokenOutput};
+
+use crate::engine::{Engine, EngineError, GenerateRequest, Sampling};
+use crate::prompt::{ChatTemplate, TextTokenizer};
+use crate::settings::Limits;
+
+/// Why the route could not serve a request.
+#[derive(Debug, thiserror::Error)]
+pub enum RouteError {
+    /// The request is malformed or out of range; `param` names the field.
+    #[error("{message}")]
+    Invalid {
+        message: String,
+        param: Option<String>,
+    },
+    /// Prompt plus completion do not fit the model's context.
+    #[error("{0}")]
+    ContextLength(String),
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+}
+
+impl RouteError {
+    pub fn invalid(param: &str, message: impl Into<String>) -> Self {
+        RouteError::Invalid {
+            message: message.into(),
+            param: Some(param.to_string()),
+        }
+    }
+}
+
+/// What to generate, after the prompt.
+#[derive(Clone, Debug)]
+pub struct GenerationParams {
+    /// `None`: up to the end of the context.
+    pub max_tokens: Option<usize>,
+    pub sampling: Sampling,
+    pub stop: Vec<String>,
+    /// Alternatives per generated token; `None`: no log-probabilities.
+    pub logprobs: Option<usize>,
+    /// Alternatives per prompt token (completions with `echo`).
+    pub prompt_logprobs: Option<usize>,
+    /// Keep generating past the end-of-sequence token.
+    pub ignore_eos: bool,
+}
+
+/// The route over one model.
+pub struct TextRoute {
+    engine: Arc<dyn Engine>,
+    pub tokenizer: TextTokenizer,
+    pub template: ChatTemplate,
+    /// Tokens that end a generation (the model's end-of-sequence tokens).
+    pub stop_token_ids: Vec<u32>,
+    pub limits: Limits,
+}
+
+impl TextRoute {
+    pub fn new(
+        engine: Arc<dyn Engine>,
+        tokenizer: TextTokenizer,
+        template: ChatTemplate,
+        stop_token_ids: Vec<u32>,
+        limits: Limits,
+    ) -> Self {
+        TextRoute {
+            engine,
+            tokenizer,
+            template,
+            stop_token_ids,
+            limits,
+        }
+    }
+
+    pub fn engine(&self) -> &dyn Engine {
+        self.engine.as_ref()
+    }
+
+    pub fn context_length(&self) -> usize {
+        self.engine.info().context_length
+    }
+
+    /// Renders chat messages into the prompt text.
+    pub fn render_chat(
+        &self,
+        messages: &[Value],
+        add_generation_prompt: bool,
+        template_kwargs: &Map<String, Value>,
+    ) -> Result<String, RouteError> {
+        self.template
+            .render(messages, add_generation_prompt, template_kwargs)
+            .map_err(|e| RouteError::invalid("messages", e.to_string()))
+    }
+
+    /// Token ids of a text (a rendered chat prompt carries its own special
+    /// tokens, so none are added for it).
+    pub fn tokenize(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, RouteError> {
+        self.tokenizer
+            .encode(text, add_special_tokens)
+            .map_err(|e| RouteError::invalid("prompt", e.to_string()))
+    }
+
+    /// Checks token ids against the vocabulary.
+    pub fn check_token_ids(&self, ids: &[u32], param: &str) -> Result<(), RouteError> {
+        let vocab = self.engine.info().vocab_size;
+        match ids.iter().find(|&&id| id as usize >= vocab) {
+            Some(id) => Err(RouteError::invalid(
+                param,
+                format!("token id {id} is outside the vocabulary (0..{vocab})"),
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// Queues a generation on `prompt` and returns its output stream.
+    pub fn generate(
+        self: &Arc<Self>,
+        prompt: Vec<u32>,
+        params: GenerationParams,
+    ) -> Result<GenerationStream, RouteError> {
+        let context = self.context_length();
+        if prompt.is_empty() {
+            return Err(RouteError::invalid("prompt", "the prompt is empty"));
+        }
+        if prompt.len() >= context {
+            return Err(RouteError::ContextLength(format!(
+                "This model's maximum context length is {context} tokens. However, your prompt \
+                 has {} tokens; shorten it so that at least one token can be generated.",
+                prompt.len()
+            )));
+        }
+        let room = context - prompt.len();
+        let max_tokens = match params.max_tokens {
+            Some(n) if n > room => {
+                return Err(RouteError::ContextLength(format!(
+                    "This model's maximum context length is {context} tokens. However, you \
+                     requested {} tokens ({} in the prompt, {n} for the completion). Lower \
+                     max_tokens or shorten the prompt.",
+                    prompt.len() + n,
+                    prompt.len()
+                )))
+            }
+            Some(n) => n,
+            None => room,
+        };
+        let events = self.engine.generate(GenerateRequest {
+            prompt: prompt.clone(),
+            max_tokens,
+            sampling: params.sampling,
+            logprobs: params.logprobs,
+            prompt_logprobs: params.prompt_logprobs,
+            stop_token_ids: if params.ignore_eos {
+                Vec::new()
+            } else {
+                self.stop_token_ids.clone()
+            },
+        })?;
+        Ok(GenerationStream::new(self.clone(), events, prompt, params.stop))
+    }
+}

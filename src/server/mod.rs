@@ -1,1 +1,119 @@
-//! server (in progress)
+//! The HTTP surface (actix-web): OpenAI's routes plus vLLM's extras.
+//!
+//! Handlers read a body ([`body`]), validate it ([`validate`]), hand it to the
+//! text route and shape the result ([`handlers`]). Every failure is an
+//! [`ApiError`] in OpenAI's error shape. This layer knows nothing of MLX.
+
+mod auth;
+mod body;
+pub mod error;
+mod handlers;
+pub mod types;
+pub mod validate;
+
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use actix_web::{middleware, web, App, HttpServer};
+
+pub use error::ApiError;
+
+use crate::route::TextRoute;
+use crate::settings::Limits;
+
+/// What every handler shares.
+pub struct AppState {
+    pub route: Arc<TextRoute>,
+    /// The model name clients use (`--served-model-name`).
+    pub model_name: String,
+    /// Where the model came from (`root` in /v1/models).
+    pub model_root: String,
+    pub api_key: Option<String>,
+    pub limits: Limits,
+    pub created: u64,
+}
+
+impl AppState {
+    pub fn new(
+        route: Arc<TextRoute>,
+        model_name: String,
+        model_root: String,
+        api_key: Option<String>,
+        limits: Limits,
+    ) -> Self {
+        AppState {
+            route,
+            model_name,
+            model_root,
+            api_key,
+            limits,
+            created: unix_now(),
+        }
+    }
+
+    /// A request may name the served model or leave it out.
+    pub fn check_model(&self, model: Option<&str>) -> Result<(), ApiError> {
+        match model {
+            Some(m) if m != self.model_name => Err(ApiError::ModelNotFound(m.to_string())),
+            _ => Ok(()),
+        }
+    }
+}
+
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Every route the server has, as (method, path); `openapi/openapi.yaml`
+/// describes exactly these (a test checks it).
+pub const ROUTES: &[(&str, &str)] = &[
+    ("GET", "/health"),
+    ("GET", "/v1/models"),
+    ("POST", "/v1/chat/completions"),
+    ("POST", "/v1/completions"),
+    ("POST", "/tokenize"),
+    ("POST", "/detokenize"),
+];
+
+/// Registers every route of [`ROUTES`].
+pub fn configure(cfg: &mut web::ServiceConfig) {
+    for &(method, path) in ROUTES {
+        let route = match method {
+            "GET" => web::get(),
+            _ => web::post(),
+        };
+        let route = match path {
+            "/health" => route.to(handlers::health),
+            "/v1/models" => route.to(handlers::models),
+            "/v1/chat/completions" => route.to(handlers::chat_completions),
+            "/v1/completions" => route.to(handlers::completions),
+            "/tokenize" => route.to(handlers::tokenize),
+            "/detokenize" => route.to(handlers::detokenize),
+            other => unreachable!("no handler for {other}"),
+        };
+        cfg.service(
+            web::resource(path)
+                .route(route)
+                .default_service(web::to(handlers::method_not_allowed)),
+        );
+    }
+}
+
+/// Serves until the process is stopped.
+pub async fn serve(state: AppState, host: &str, port: u16) -> std::io::Result<()> {
+    let state = web::Data::new(state);
+    let server = HttpServer::new(move || {
+        App::new()
+            .app_data(state.clone())
+            .wrap(middleware::from_fn(auth::require_api_key))
+            .configure(configure)
+            .default_service(web::to(handlers::not_found))
+    })
+    .bind((host, port))?;
+    for addr in server.addrs() {
+        tracing::info!("listening on http://{addr}");
+    }
+    server.run().await
+}

@@ -1,0 +1,40 @@
+# decisio: the two commands of the README, and their parts.
+#   make serve   set everything up, start the server on the default model, show an answer
+#   make test    set everything up, then run every test
+SHELL := /bin/bash
+export DECISIO_CACHE ?= $(HOME)/.cache/decisio
+export DECISIO_ASSETS ?= $(DECISIO_CACHE)/assets
+export DECISIO_MODEL ?= $(DECISIO_CACHE)/models/smollm2-135m-instruct
+export DECISIO_REFERENCE_DIR ?= $(CURDIR)/target/reference
+PYTHON := $(DECISIO_CACHE)/venv/bin/python
+PORT ?= 8000
+
+.PHONY: setup serve test reference cargo-test e2e lint bench
+
+setup:
+	@bash scripts/setup.sh
+
+serve: setup
+	@bash scripts/serve-demo.sh $(PORT)
+
+# Reference figures computed by the Python implementations (mlx-lm,
+# transformers, tokenizers) that the Rust tests compare against.
+reference: setup
+	@mkdir -p $(DECISIO_REFERENCE_DIR)
+	@$(PYTHON) scripts/reference/logits.py $(DECISIO_MODEL) $(DECISIO_REFERENCE_DIR)
+	@$(PYTHON) scripts/reference/prompts.py $(DECISIO_REFERENCE_DIR) $(DECISIO_MODEL) $(DECISIO_ASSETS)/qwen3 $(DECISIO_ASSETS)/gemma3
+
+cargo-test: reference
+	cargo test --release --locked
+
+e2e: setup
+	$(PYTHON) -m pytest -q tests/e2e
+
+lint:
+	cargo fmt --all -- --check
+	cargo clippy --release --locked --all-targets -- -D warnings
+
+test: cargo-test e2e
+
+bench: setup
+	$(PYTHON) scripts/bench/first_token.py

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Sets up everything decisio needs on a fresh Linux machine (Debian 12, a
+# Rust toolchain, python3; registries only), caching what it fetches or
+# builds under $DECISIO_CACHE (default ~/.cache/decisio) so a second run is
+# fast. On macOS only the Rust build and the Python venv are needed.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+export DECISIO_CACHE=${DECISIO_CACHE:-$HOME/.cache/decisio}
+say() { echo "[setup] $*"; }
+
+if [ "$(uname -s)" = Linux ]; then
+  missing=()
+  for pkg in cmake libclang-dev; do
+    dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    say "installing ${missing[*]}"
+    SUDO=$([ "$(id -u)" = 0 ] && echo "" || echo sudo)
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
+fi
+
+bash "$ROOT/scripts/mlx-linux/setup.sh"
+bash "$ROOT/scripts/fetch-assets.sh"
+
+VENV=$DECISIO_CACHE/venv
+STAMP=$VENV/.requirements
+if ! cmp -s "$ROOT/scripts/requirements.txt" "$STAMP" 2>/dev/null; then
+  say "creating the Python venv $VENV"
+  python3 -m venv "$VENV"
+  "$VENV/bin/pip" install -q --upgrade pip
+  "$VENV/bin/pip" install -q -r "$ROOT/scripts/requirements.txt"
+  cp "$ROOT/scripts/requirements.txt" "$STAMP"
+fi
+
+say "building decisio (release)"
+(cd "$ROOT" && cargo build --release --locked --quiet)
+
+MODEL=$DECISIO_CACHE/models/smollm2-135m-instruct
+if [ ! -f "$MODEL/config.json" ]; then
+  say "converting the SmolLM2 GGUF into an MLX folder"
+  "$ROOT/target/release/decisio" convert \
+    --gguf "$DECISIO_CACHE/assets/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" --out "$MODEL"
+fi
+say "ready (model: $MODEL)"

@@ -1,0 +1,264 @@
+//! The llama architecture (`model_type: "llama"`): pre-norm decoder blocks of
+//! grouped-query attention with rotary embeddings and a SwiGLU MLP.
+//!
+//! Weight names follow the Hugging Face checkpoints:
+//! `model.embed_tokens`, `model.layers.N.{self_attn.{q,k,v,o}_proj,
+//! mlp.{gate,up,down}_proj, input_layernorm, post_attention_layernorm}`,
+//! `model.norm`, `lm_head` (absent with tied embeddings).
+
+use mlx_rs::fast::{self, ScaledDotProductAttentionMask};
+use mlx_rs::{nn, ops, Array};
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::cache::{KvCache, ModelCache};
+use super::layers::{Embedding, Linear, RmsNorm};
+use super::loader::Weights;
+use super::{MlxError, MlxResult};
+
+fn default_rope_theta() -> f32 {
+    10000.0
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// `config.json` of a llama checkpoint.
+#[derive(Clone, Debug, Deserialize)]
+pub struct Config {
+    pub hidden_size: i32,
+    pub num_hidden_layers: usize,
+    pub intermediate_size: i32,
+    pub num_attention_heads: i32,
+    pub num_key_value_heads: Option<i32>,
+    pub head_dim: Option<i32>,
+    pub rms_norm_eps: f32,
+    pub vocab_size: usize,
+    #[serde(default = "default_rope_theta")]
+    pub rope_theta: f32,
+    #[serde(default)]
+    pub rope_traditional: bool,
+    pub rope_scaling: Option<Value>,
+    pub max_position_embeddings: Option<usize>,
+    #[serde(default = "default_true")]
+    pub tie_word_embeddings: bool,
+    #[serde(default)]
+    pub attention_bias: bool,
+    #[serde(default)]
+    pub mlp_bias: bool,
+}
+
+impl Config {
+    fn kv_heads(&self) -> i32 {
+        self.num_key_value_heads.unwrap_or(self.num_attention_heads)
+    }
+
+    fn head_dim(&self) -> i32 {
+        self.head_dim
+            .unwrap_or(self.hidden_size / self.num_attention_heads)
+    }
+
+    /// The rope position scale (`1/factor` for linear scaling).
+    fn rope_scale(&self) -> MlxResult<f32> {
+        let Some(scaling) = &self.rope_scaling else {
+            return Ok(1.0);
+        };
+        let kind = scaling
+            .get("rope_type")
+            .or_else(|| scaling.get("type"))
+            .and_then(Value::as_str)
+            .unwrap_or("default");
+        match kind {
+            "default" => Ok(1.0),
+            "linear" => {
+                let factor = scaling.get("factor").and_then(Value::as_f64).unwrap_or(1.0);
+                Ok(1.0 / factor as f32)
+            }
+            other => Err(MlxError::Config(format!(
+                "llama rope_scaling type `{other}` is not supported (default or linear)"
+            ))),
+        }
+    }
+}
+
+struct Attention {
+    q_proj: Linear,
+    k_proj: Linear,
+    v_proj: Linear,
+    o_proj: Linear,
+    n_heads: i32,
+    n_kv_heads: i32,
+    head_dim: i32,
+    scale: f32,
+    rope_theta: f32,
+    rope_scale: f32,
+    rope_traditional: bool,
+}
+
+impl Attention {
+    fn load(w: &Weights, p: &str, c: &Config) -> MlxResult<Self> {
+        let head_dim = c.head_dim();
+        Ok(Attention {
+            q_proj: Linear::load(w, &format!("{p}.q_proj"))?,
+            k_proj: Linear::load(w, &format!("{p}.k_proj"))?,
+            v_proj: Linear::load(w, &format!("{p}.v_proj"))?,
+            o_proj: Linear::load(w, &format!("{p}.o_proj"))?,
+            n_heads: c.num_attention_heads,
+            n_kv_heads: c.kv_heads(),
+            head_dim,
+            scale: (head_dim as f32).powf(-0.5),
+            rope_theta: c.rope_theta,
+            rope_scale: c.rope_scale()?,
+            rope_traditional: c.rope_traditional,
+        })
+    }
+
+    fn rope(&self, x: &Array, offset: usize) -> MlxResult<Array> {
+        Ok(fast::rope(
+            x,
+            self.head_dim,
+            self.rope_traditional,
+            self.rope_theta,
+            self.rope_scale,
+            offset as i32,
+            None,
+        )?)
+    }
+
+    fn forward(&self, x: &Array, cache: &mut KvCache) -> MlxResult<Array> {
+        let (b, l) = (x.shape()[0], x.shape()[1]);
+        let heads = |y: Array, n: i32| -> MlxResult<Array> {
+            Ok(ops::reshape(&y, &[b, l, n, -1])?.transpose_axes(&[0, 2, 1, 3])?)
+        };
+        let q = heads(self.q_proj.forward(x)?, self.n_heads)?;
+        let k = heads(self.k_proj.forward(x)?, self.n_kv_heads)?;
+        let v = heads(self.v_proj.forward(x)?, self.n_kv_heads)?;
+
+        let offset = cache.offset();
+        let q = self.rope(&q, offset)?;
+        let k = self.rope(&k, offset)?;
+        let (k, v) = cache.update_and_fetch(k, v)?;
+
+        // A single new token attends to everything; several attend causally
+        // (MLX aligns the causal mask to the end when keys outnumber queries).
+        let mask = (l > 1).then_some(ScaledDotProductAttentionMask::Causal);
+        let out = fast::scaled_dot_product_attention(&q, &k, &v, self.scale, mask, None)?;
+        let out = ops::reshape(&out.transpose_axes(&[0, 2, 1, 3])?, &[b, l, -1])?;
+        self.o_proj.forward(&out)
+    }
+}
+
+struct Mlp {
+    gate_proj: Linear,
+    up_proj: Linear,
+    down_proj: Linear,
+}
+
+impl Mlp {
+    fn load(w: &Weights, p: &str) -> MlxResult<Self> {
+        Ok(Mlp {
+            gate_proj: Linear::load(w, &format!("{p}.gate_proj"))?,
+            up_proj: Linear::load(w, &format!("{p}.up_proj"))?,
+            down_proj: Linear::load(w, &format!("{p}.down_proj"))?,
+        })
+    }
+
+    fn forward(&self, x: &Array) -> MlxResult<Array> {
+        let gate = nn::silu(self.gate_proj.forward(x)?)?;
+        let up = self.up_proj.forward(x)?;
+        self.down_proj.forward(&ops::multiply(&gate, &up)?)
+    }
+}
+
+struct TransformerBlock {
+    self_attn: Attention,
+    mlp: Mlp,
+    input_layernorm: RmsNorm,
+    post_attention_layernorm: RmsNorm,
+}
+
+impl TransformerBlock {
+    fn load(w: &Weights, p: &str, c: &Config) -> MlxResult<Self> {
+        Ok(TransformerBlock {
+            self_attn: Attention::load(w, &format!("{p}.self_attn"), c)?,
+            mlp: Mlp::load(w, &format!("{p}.mlp"))?,
+            input_layernorm: RmsNorm::load(w, &format!("{p}.input_layernorm"), c.rms_norm_eps)?,
+            post_attention_layernorm: RmsNorm::load(
+                w,
+                &format!("{p}.post_attention_layernorm"),
+                c.rms_norm_eps,
+            )?,
+        })
+    }
+
+    fn forward(&self, x: &Array, cache: &mut KvCache) -> MlxResult<Array> {
+        let h = ops::add(
+            x,
+            &self
+                .self_attn
+                .forward(&self.input_layernorm.forward(x)?, cache)?,
+        )?;
+        let r = self
+            .mlp
+            .forward(&self.post_attention_layernorm.forward(&h)?)?;
+        Ok(ops::add(&h, &r)?)
+    }
+}
+
+/// A llama model: embeddings, blocks, final norm, output projection.
+pub struct Model {
+    pub config: Config,
+    embed_tokens: Embedding,
+    layers: Vec<TransformerBlock>,
+    norm: RmsNorm,
+    lm_head: Option<Linear>,
+}
+
+impl Model {
+    pub fn load(config: &Value, w: &Weights) -> MlxResult<Self> {
+        let c: Config = serde_json::from_value(config.clone())
+            .map_err(|e| MlxError::Config(format!("config.json is not a llama config: {e}")))?;
+        w.skip(&["model.rotary_emb", "rotary_emb"]);
+        let layers = (0..c.num_hidden_layers)
+            .map(|i| TransformerBlock::load(w, &format!("model.layers.{i}"), &c))
+            .collect::<MlxResult<Vec<_>>>()?;
+        let embed_tokens = Embedding::load(w, "model.embed_tokens")?;
+        let lm_head = if c.tie_word_embeddings {
+            w.optional("lm_head.weight");
+            None
+        } else {
+            Some(Linear::load(w, "lm_head")?)
+        };
+        let norm = RmsNorm::load(w, "model.norm", c.rms_norm_eps)?;
+        Ok(Model {
+            config: c,
+            embed_tokens,
+            layers,
+            norm,
+            lm_head,
+        })
+    }
+
+    pub fn new_cache(&self) -> ModelCache {
+        ModelCache::new(self.layers.len())
+    }
+
+    /// Runs `tokens` (`[batch, length]`) through the model, extending `cache`,
+    /// and returns the final hidden states (after the last norm).
+    pub fn hidden(&self, tokens: &Array, cache: &mut ModelCache) -> MlxResult<Array> {
+        let mut h = self.embed_tokens.forward(tokens)?;
+        for (layer, c) in self.layers.iter().zip(cache.layers.iter_mut()) {
+            h = layer.forward(&h, c)?;
+        }
+        self.norm.forward(&h)
+    }
+
+    /// Logits over the vocabulary for final hidden states.
+    pub fn logits(&self, hidden: &Array) -> MlxResult<Array> {
+        match &self.lm_head {
+            Some(head) => head.forward(hidden),
+            None => self.embed_tokens.as_linear(hidden),
+        }
+    }
+}

@@ -1,0 +1,363 @@
+//! The MLX backend: a local MLX conversion served from a thread that owns the
+//! model.
+//!
+//! HTTP handlers never touch MLX. They queue jobs through a bounded channel
+//! (a full queue is an immediate error, not a wait) and read the job's events
+//! from a channel of its own; dropping that receiver cancels the job between
+//! two tokens.
+
+pub mod cache;
+pub mod layers;
+pub mod llama;
+pub mod loader;
+pub mod sample;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use mlx_rs::{ops, Array};
+use tokio::sync::mpsc;
+
+use self::cache::ModelCache;
+use self::sample::Rng;
+use super::{
+    Engine, EngineError, EngineStatus, FinishReason, GenerateEvent, GenerateRequest,
+    GenerateStream, ModelInfo, TokenLogprobs,
+};
+
+/// Errors of loading or running an MLX model.
+#[derive(Debug, thiserror::Error)]
+pub enum MlxError {
+    #[error("{0}")]
+    Config(String),
+    #[error("MLX: {0}")]
+    Mlx(#[from] mlx_rs::error::Exception),
+}
+
+pub type MlxResult<T> = Result<T, MlxError>;
+
+/// The architectures this backend implements, by `model_type`.
+pub const ARCHITECTURES: &[&str] = &["llama"];
+
+enum Architecture {
+    Llama(llama::Model),
+}
+
+/// A loaded model: forward passes over token ids with a cache.
+pub struct MlxModel {
+    arch: Architecture,
+    pub info: ModelInfo,
+}
+
+impl MlxModel {
+    /// Reads the model description (no weights) of the conversion in `dir`.
+    pub fn describe(dir: &Path) -> MlxResult<ModelInfo> {
+        let config = loader::read_config(dir)?;
+        describe_config(&config)
+    }
+
+    /// Loads the conversion in `dir`.
+    pub fn load(dir: &Path) -> MlxResult<Self> {
+        let config = loader::read_config(dir)?;
+        let info = describe_config(&config)?;
+        let weights = loader::Weights::load(dir, &config)?;
+        let arch = match info.architecture.as_str() {
+            "llama" => Architecture::Llama(llama::Model::load(&config, &weights)?),
+            other => return Err(unsupported(other)),
+        };
+        weights.finish()?;
+        Ok(MlxModel { arch, info })
+    }
+
+    pub fn new_cache(&self) -> ModelCache {
+        match &self.arch {
+            Architecture::Llama(m) => m.new_cache(),
+        }
+    }
+
+    /// Final hidden states of `tokens` (`[1, L]`), extending `cache`.
+    pub fn hidden(&self, tokens: &[u32], cache: &mut ModelCache) -> MlxResult<Array> {
+        let ids = Array::from_slice(tokens, &[1, tokens.len() as i32]);
+        match &self.arch {
+            Architecture::Llama(m) => m.hidden(&ids, cache),
+        }
+    }
+
+    /// Logits over the vocabulary for hidden states.
+    pub fn logits(&self, hidden: &Array) -> MlxResult<Array> {
+        match &self.arch {
+            Architecture::Llama(m) => m.logits(hidden),
+        }
+    }
+
+    /// Runs `tokens` in chunks of at most `chunk` and returns the final
+    /// hidden state of the last position (`[1, 1, D]`).
+    pub fn prefill(
+        &self,
+        tokens: &[u32],
+        cache: &mut ModelCache,
+        chunk: usize,
+    ) -> MlxResult<Array> {
+        let mut last = None;
+        for part in tokens.chunks(chunk.max(1)) {
+            let h = self.hidden(part, cache)?;
+            let n = h.shape()[1];
+            last = Some(ops::indexing::take_axis(
+                &h,
+                Array::from_slice(&[n - 1], &[1]),
+                1,
+            )?);
+            if part.len() == chunk {
+                cache.eval()?;
+            }
+        }
+        last.ok_or_else(|| MlxError::Config("an empty prompt has no next token".into()))
+    }
+
+    /// Float32 log-probabilities over the vocabulary from hidden states
+    /// `[.., D]` → `[.., V]`.
+    pub fn log_softmax(&self, hidden: &Array) -> MlxResult<Array> {
+        let logits = self.logits(hidden)?.as_type::<f32>()?;
+        let norm = ops::logsumexp_axis(&logits, -1, true)?;
+        Ok(ops::subtract(&logits, &norm)?)
+    }
+
+    /// The float32 logits of the last position of `tokens` on a fresh cache.
+    pub fn last_logits(&self, tokens: &[u32]) -> MlxResult<Vec<f32>> {
+        let mut cache = self.new_cache();
+        let h = self.hidden(tokens, &mut cache)?;
+        let n = h.shape()[1];
+        let last = ops::indexing::take_axis(&h, Array::from_slice(&[n - 1], &[1]), 1)?;
+        let logits = self.logits(&last)?.as_type::<f32>()?;
+        logits.eval()?;
+        Ok(logits.as_slice::<f32>().to_vec())
+    }
+}
+
+fn unsupported(model_type: &str) -> MlxError {
+    MlxError::Config(format!(
+        "model_type `{model_type}` is not supported by the MLX backend (supported: {})",
+        ARCHITECTURES.join(", ")
+    ))
+}
+
+fn describe_config(config: &serde_json::Value) -> MlxResult<ModelInfo> {
+    let model_type = config
+        .get("model_type")
+        .and_then(|v| v.as_str())
+        .ok_or_else(|| MlxError::Config("config.json has no model_type".into()))?;
+    if !ARCHITECTURES.contains(&model_type) {
+        return Err(unsupported(model_type));
+    }
+    let get = |k: &str| config.get(k).and_then(|v| v.as_u64()).map(|v| v as usize);
+    Ok(ModelInfo {
+        context_length: get("max_position_embeddings").unwrap_or(4096),
+        vocab_size: get("vocab_size")
+            .ok_or_else(|| MlxError::Config("config.json has no vocab_size".into()))?,
+        architecture: model_type.to_string(),
+    })
+}
+
+/// Settings of the engine thread.
+#[derive(Clone, Debug)]
+pub struct MlxOptions {
+    /// Jobs that may wait; one more is refused.
+    pub max_queue: usize,
+    /// Prompt tokens per forward pass while reading a prompt.
+    pub prefill_chunk: usize,
+}
+
+enum Job {
+    Generate {
+        request: GenerateRequest,
+        events: mpsc::Sender<Result<GenerateEvent, EngineError>>,
+    },
+}
+
+/// The MLX backend behind the [`Engine`] seam.
+pub struct MlxEngine {
+    info: ModelInfo,
+    jobs: mpsc::Sender<Job>,
+    depth: Arc<AtomicUsize>,
+    status: Arc<Mutex<EngineStatus>>,
+    max_queue: usize,
+}
+
+impl MlxEngine {
+    /// Starts the engine thread, which loads the model and then serves jobs.
+    /// Returns at once; [`Engine::status`] says when the model is ready.
+    pub fn start(dir: PathBuf, options: MlxOptions) -> MlxResult<Self> {
+        let info = MlxModel::describe(&dir)?;
+        let max_queue = options.max_queue.max(1);
+        let (jobs, rx) = mpsc::channel(max_queue);
+        let depth = Arc::new(AtomicUsize::new(0));
+        let status = Arc::new(Mutex::new(EngineStatus::Loading));
+        let (thread_depth, thread_status) = (depth.clone(), status.clone());
+        std::thread::Builder::new()
+            .name("mlx-engine".into())
+            .spawn(move || engine_thread(dir, options, rx, thread_depth, thread_status))
+            .map_err(|e| MlxError::Config(format!("cannot start the engine thread: {e}")))?;
+        Ok(MlxEngine {
+            info,
+            jobs,
+            depth,
+            status,
+            max_queue,
+        })
+    }
+}
+
+impl Engine for MlxEngine {
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    fn status(&self) -> EngineStatus {
+        self.status.lock().map(|s| s.clone()).unwrap_or(EngineStatus::Loading)
+    }
+
+    fn queue_depth(&self) -> usize {
+        self.depth.load(Ordering::Relaxed)
+    }
+
+    fn generate(&self, request: GenerateRequest) -> Result<GenerateStream, EngineError> {
+        match self.status() {
+            EngineStatus::Ready => {}
+            EngineStatus::Loading => return Err(EngineError::Loading),
+            EngineStatus::Failed(e) => return Err(EngineError::LoadFailed(e)),
+        }
+        let (events, rx) = mpsc::channel(64);
+        self.jobs
+            .try_send(Job::Generate { request, events })
+            .map_err(|e| match e {
+                mpsc::error::TrySendError::Full(_) => EngineError::QueueFull(self.max_queue),
+                mpsc::error::TrySendError::Closed(_) => EngineError::Stopped,
+            })?;
+        self.depth.fetch_add(1, Ordering::Relaxed);
+        Ok(rx)
+    }
+}
+
+fn engine_thread(
+    dir: PathBuf,
+    options: MlxOptions,
+    mut jobs: mpsc::Receiver<Job>,
+    depth: Arc<AtomicUsize>,
+    status: Arc<Mutex<EngineStatus>>,
+) {
+    let set = |s: EngineStatus| {
+        if let Ok(mut g) = status.lock() {
+            *g = s;
+        }
+    };
+    let started = std::time::Instant::now();
+    let model = match MlxModel::load(&dir) {
+        Ok(m) => m,
+        Err(e) => {
+            tracing::error!("loading {} failed: {e}", dir.display());
+            set(EngineStatus::Failed(e.to_string()));
+            return;
+        }
+    };
+    tracing::info!(
+        "loaded {} ({}) in {:.1} s",
+        dir.display(),
+        model.info.architecture,
+        started.elapsed().as_secs_f64()
+    );
+    set(EngineStatus::Ready);
+    while let Some(job) = jobs.blocking_recv() {
+        match job {
+            Job::Generate { request, events } => {
+                if let Err(e) = generate(&model, &options, &request, &events) {
+                    let _ = events.blocking_send(Err(EngineError::Model(e.to_string())));
+                }
+            }
+        }
+        depth.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Copies a `[.., V]` float32 array with one row out to the host.
+fn host_row(a: &Array) -> MlxResult<Vec<f32>> {
+    a.eval()?;
+    Ok(a.as_slice::<f32>().to_vec())
+}
+
+fn generate(
+    model: &MlxModel,
+    options: &MlxOptions,
+    request: &GenerateRequest,
+    events: &mpsc::Sender<Result<GenerateEvent, EngineError>>,
+) -> MlxResult<()> {
+    let send = |e: GenerateEvent| events.blocking_send(Ok(e)).is_ok();
+    let mut cache = model.new_cache();
+    let mut hidden = if let Some(k) = request.prompt_logprobs {
+        let (last, lps) = prompt_logprobs(model, &request.prompt, &mut cache, k, options)?;
+        if !send(GenerateEvent::Prompt(lps)) {
+            return Ok(());
+        }
+        last
+    } else {
+        model.prefill(&request.prompt, &mut cache, options.prefill_chunk)?
+    };
+    let mut rng = request.sampling.seed.map_or_else(Rng::from_entropy, Rng::new);
+    for step in 0..request.max_tokens {
+        if events.is_closed() {
+            return Ok(());
+        }
+        let row = host_row(&model.log_softmax(&hidden)?)?;
+        let token = sample::pick(&row, &request.sampling, &mut rng);
+        if request.stop_token_ids.contains(&token) {
+            send(GenerateEvent::Finished(FinishReason::Stop));
+            return Ok(());
+        }
+        let logprobs = request
+            .logprobs
+            .map(|k| sample::token_logprobs(&row, token, k));
+        if !send(GenerateEvent::Token {
+            id: token,
+            logprobs,
+        }) {
+            return Ok(());
+        }
+        if step + 1 < request.max_tokens {
+            hidden = model.hidden(&[token], &mut cache)?;
+        }
+    }
+    send(GenerateEvent::Finished(FinishReason::Length));
+    Ok(())
+}
+
+/// Reads the prompt in chunks, recording each token's log-probability given
+/// the tokens before it, and returns the last hidden state.
+fn prompt_logprobs(
+    model: &MlxModel,
+    prompt: &[u32],
+    cache: &mut ModelCache,
+    k: usize,
+    options: &MlxOptions,
+) -> MlxResult<(Array, Vec<Option<TokenLogprobs>>)> {
+    let mut out: Vec<Option<TokenLogprobs>> = vec![None];
+    let mut last = None;
+    let chunk = options.prefill_chunk.clamp(1, 256);
+    for (c, part) in prompt.chunks(chunk).enumerate() {
+        let h = model.hidden(part, cache)?;
+        let lp = model.log_softmax(&h)?;
+        lp.eval()?;
+        let v = lp.shape()[2] as usize;
+        let rows = lp.as_slice::<f32>();
+        for (i, row) in rows.chunks(v).enumerate() {
+            let next = c * chunk + i + 1;
+            if let Some(&token) = prompt.get(next) {
+                out.push(Some(sample::token_logprobs(row, token, k)));
+            }
+        }
+        let n = h.shape()[1];
+        last = Some(ops::indexing::take_axis(&h, Array::from_slice(&[n - 1], &[1]), 1)?);
+        cache.eval()?;
+    }
+    let last = last.ok_or_else(|| MlxError::Config("an empty prompt has no next token".into()))?;
+    Ok((last, out))
+}

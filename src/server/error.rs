@@ -1,0 +1,167 @@
+//! Every error the HTTP surface answers, as one enum mapped to statuses and
+//! to OpenAI's shape `{"error": {"message", "type", "param", "code"}}`.
+
+use actix_web::http::StatusCode;
+use actix_web::{HttpResponse, ResponseError};
+use serde::Serialize;
+
+use crate::engine::EngineError;
+use crate::route::RouteError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// 400: a malformed body or a field out of range (`param` names it).
+    #[error("{message}")]
+    BadRequest {
+        message: String,
+        param: Option<String>,
+    },
+    /// 400 with code `context_length_exceeded`.
+    #[error("{0}")]
+    ContextLength(String),
+    /// 401: no API key, or the wrong one.
+    #[error("{0}")]
+    Unauthorized(String),
+    /// 404: a model this server does not serve.
+    #[error("The model `{0}` does not exist on this server; GET /v1/models lists the one it serves.")]
+    ModelNotFound(String),
+    /// 404: no such route.
+    #[error("{0}")]
+    NotFound(String),
+    /// 405: a route called with the wrong method.
+    #[error("{0}")]
+    MethodNotAllowed(String),
+    /// 413: the body is over the configured limit.
+    #[error("The request body is larger than the limit of {0} bytes (--max-body-mb).")]
+    PayloadTooLarge(usize),
+    /// 415: a body that is not JSON.
+    #[error("{0}")]
+    UnsupportedMediaType(String),
+    /// 503: the queue is full, or the model is not loaded.
+    #[error("{message}")]
+    Unavailable { message: String, code: &'static str },
+    /// 500: a failure inside the server.
+    #[error("{0}")]
+    Internal(String),
+}
+
+#[derive(Serialize)]
+struct ErrorBody<'a> {
+    error: ErrorDetail<'a>,
+}
+
+#[derive(Serialize)]
+struct ErrorDetail<'a> {
+    message: String,
+    #[serde(rename = "type")]
+    kind: &'a str,
+    param: Option<&'a str>,
+    code: Option<&'a str>,
+}
+
+impl ApiError {
+    pub fn bad_request(param: impl Into<Option<String>>, message: impl Into<String>) -> Self {
+        ApiError::BadRequest {
+            message: message.into(),
+            param: param.into(),
+        }
+    }
+
+    pub fn invalid(param: &str, message: impl Into<String>) -> Self {
+        Self::bad_request(Some(param.to_string()), message)
+    }
+
+    fn kind(&self) -> &'static str {
+        match self {
+            ApiError::Unauthorized(_) => "authentication_error",
+            ApiError::NotFound(_) | ApiError::ModelNotFound(_) => "not_found_error",
+            ApiError::Unavailable { .. } => "service_unavailable_error",
+            ApiError::Internal(_) => "server_error",
+            _ => "invalid_request_error",
+        }
+    }
+
+    fn code(&self) -> Option<&'static str> {
+        Some(match self {
+            ApiError::ContextLength(_) => "context_length_exceeded",
+            ApiError::Unauthorized(_) => "invalid_api_key",
+            ApiError::ModelNotFound(_) => "model_not_found",
+            ApiError::PayloadTooLarge(_) => "request_too_large",
+            ApiError::Unavailable { code, .. } => code,
+            _ => return None,
+        })
+    }
+
+    fn param(&self) -> Option<&str> {
+        match self {
+            ApiError::BadRequest { param, .. } => param.as_deref(),
+            ApiError::ContextLength(_) => Some("messages"),
+            ApiError::ModelNotFound(_) => Some("model"),
+            _ => None,
+        }
+    }
+
+    /// The JSON body, also used for errors inside an event stream.
+    pub fn body(&self) -> serde_json::Value {
+        serde_json::to_value(ErrorBody {
+            error: ErrorDetail {
+                message: self.to_string(),
+                kind: self.kind(),
+                param: self.param(),
+                code: self.code(),
+            },
+        })
+        .unwrap_or_default()
+    }
+}
+
+impl ResponseError for ApiError {
+    fn status_code(&self) -> StatusCode {
+        match self {
+            ApiError::BadRequest { .. } | ApiError::ContextLength(_) => StatusCode::BAD_REQUEST,
+            ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            ApiError::ModelNotFound(_) | ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ApiError::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        let mut response = HttpResponse::build(self.status_code());
+        if let ApiError::Unavailable { .. } = self {
+            response.insert_header(("Retry-After", "1"));
+        }
+        response.json(self.body())
+    }
+}
+
+impl From<EngineError> for ApiError {
+    fn from(e: EngineError) -> Self {
+        match e {
+            EngineError::QueueFull(_) => ApiError::Unavailable {
+                message: e.to_string(),
+                code: "queue_full",
+            },
+            EngineError::Loading | EngineError::LoadFailed(_) | EngineError::Stopped => {
+                ApiError::Unavailable {
+                    message: e.to_string(),
+                    code: "model_not_loaded",
+                }
+            }
+            EngineError::Model(m) => ApiError::Internal(m),
+        }
+    }
+}
+
+impl From<RouteError> for ApiError {
+    fn from(e: RouteError) -> Self {
+        match e {
+            RouteError::Invalid { message, param } => ApiError::BadRequest { message, param },
+            RouteError::ContextLength(m) => ApiError::ContextLength(m),
+            RouteError::Engine(e) => e.into(),
+        }
+    }
+}

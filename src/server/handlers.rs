@@ -1,0 +1,469 @@
+//! The route handlers: body → validation → text route → OpenAI shape.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use actix_web::web::Bytes;
+use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+use super::body::read_json;
+use super::error::ApiError;
+use super::types::*;
+use super::validate::{self, PromptInput};
+use super::{unix_now, AppState};
+use crate::engine::EngineStatus;
+use crate::route::{GenerationStream, Output, TokenChoice, TokenOutput};
+
+type Result<T> = std::result::Result<T, ApiError>;
+
+/// Unique-enough ids for responses: time and a counter.
+fn new_id(prefix: &str) -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    format!("{prefix}-{t:016x}{n:08x}")
+}
+
+pub async fn not_found(req: HttpRequest) -> HttpResponse {
+    ApiError::NotFound(format!(
+        "There is no route {} {}; see openapi/openapi.yaml for the routes this server has.",
+        req.method(),
+        req.path()
+    ))
+    .error_response()
+}
+
+pub async fn method_not_allowed(req: HttpRequest) -> HttpResponse {
+    ApiError::MethodNotAllowed(format!(
+        "{} does not take {}; see openapi/openapi.yaml.",
+        req.path(),
+        req.method()
+    ))
+    .error_response()
+}
+
+pub async fn health(state: web::Data<AppState>) -> Result<HttpResponse> {
+    match state.route.engine().status() {
+        EngineStatus::Ready => Ok(HttpResponse::Ok().finish()),
+        EngineStatus::Loading => Err(crate::engine::EngineError::Loading.into()),
+        EngineStatus::Failed(e) => Err(crate::engine::EngineError::LoadFailed(e).into()),
+    }
+}
+
+pub async fn models(state: web::Data<AppState>) -> HttpResponse {
+    HttpResponse::Ok().json(ModelList {
+        object: "list",
+        data: vec![ModelCard {
+            id: state.model_name.clone(),
+            object: "model",
+            created: state.created,
+            owned_by: "decisio",
+            root: state.model_root.clone(),
+            max_model_len: state.route.context_length(),
+        }],
+    })
+}
+
+fn choice_top(c: &TokenChoice) -> TopLogprob {
+    TopLogprob {
+        token: c.text.clone(),
+        logprob: c.logprob,
+        bytes: c.bytes.clone(),
+    }
+}
+
+fn chat_logprob(t: &TokenOutput) -> ChatTokenLogprob {
+    ChatTokenLogprob {
+        token: t.choice.text.clone(),
+        logprob: t.choice.logprob,
+        bytes: t.choice.bytes.clone(),
+        top_logprobs: t.top.iter().map(choice_top).collect(),
+    }
+}
+
+/// One server-sent event.
+fn sse<T: Serialize>(value: &T) -> Bytes {
+    let json = serde_json::to_string(value).unwrap_or_else(|_| "{}".into());
+    Bytes::from(format!("data: {json}\n\n"))
+}
+
+const SSE_DONE: &[u8] = b"data: [DONE]\n\n";
+
+/// Streams `chunks` built from the route's outputs as server-sent events,
+/// closing with `[DONE]`; an error mid-stream is sent as an error event.
+fn event_stream<S, F>(stream: GenerationStream, state: S, on_output: F) -> HttpResponse
+where
+    S: 'static,
+    F: FnMut(&mut S, Output) -> Vec<Bytes> + 'static,
+{
+    struct Feed<S, F> {
+        stream: GenerationStream,
+        state: S,
+        on_output: F,
+        finished: bool,
+    }
+    let feed = Feed {
+        stream,
+        state,
+        on_output,
+        finished: false,
+    };
+    let body = futures::stream::unfold(feed, |mut feed| async move {
+        if feed.finished {
+            return None;
+        }
+        let bytes = match feed.stream.next().await {
+            Some(Ok(output)) => (feed.on_output)(&mut feed.state, output).concat(),
+            Some(Err(e)) => {
+                feed.finished = true;
+                let mut b = sse(&ApiError::from(e).body()).to_vec();
+                b.extend_from_slice(SSE_DONE);
+                b
+            }
+            None => {
+                feed.finished = true;
+                SSE_DONE.to_vec()
+            }
+        };
+        Some((Ok::<_, actix_web::Error>(Bytes::from(bytes)), feed))
+    });
+    HttpResponse::Ok()
+        .content_type("text/event-stream")
+        .insert_header(("Cache-Control", "no-cache"))
+        .streaming(body)
+}
+
+pub async fn chat_completions(
+    req: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse> {
+    let body: ChatCompletionRequest = read_json(&req, payload, state.limits.max_body_bytes).await?;
+    state.check_model(body.model.as_deref())?;
+    let job = validate::chat(&body, &state.limits)?;
+    let route = &state.route;
+    let text = route.render_chat(&job.messages, job.add_generation_prompt, &job.template_kwargs)?;
+    let prompt = route.tokenize(&text, false)?;
+    let want_logprobs = job.params.logprobs.is_some();
+    let mut stream = route.generate(prompt, job.params)?;
+    let id = new_id("chatcmpl");
+    let created = unix_now();
+    let model = state.model_name.clone();
+
+    if body.stream {
+        let chunk = move |choices: Vec<ChatChunkChoice>, usage: Option<Usage>| ChatCompletionChunk {
+            id: id.clone(),
+            object: "chat.completion.chunk",
+            created,
+            model: model.clone(),
+            choices,
+            usage,
+        };
+        let include_usage = job.include_usage;
+        let first = sse(&chunk(
+            vec![ChatChunkChoice {
+                index: 0,
+                delta: ChatDelta {
+                    role: Some("assistant"),
+                    content: Some(String::new()),
+                },
+                logprobs: None,
+                finish_reason: None,
+            }],
+            None,
+        ));
+        return Ok(event_stream(stream, Some(first), move |first, output| {
+            let mut out: Vec<Bytes> = first.take().into_iter().collect();
+            match output {
+                Output::Delta { text, tokens } => out.push(sse(&chunk(
+                    vec![ChatChunkChoice {
+                        index: 0,
+                        delta: ChatDelta {
+                            role: None,
+                            content: Some(text),
+                        },
+                        logprobs: want_logprobs.then(|| ChatLogprobs {
+                            content: tokens.iter().map(chat_logprob).collect(),
+                        }),
+                        finish_reason: None,
+                    }],
+                    None,
+                ))),
+                Output::Done {
+                    finish_reason,
+                    prompt_tokens,
+                    completion_tokens,
+                } => {
+                    out.push(sse(&chunk(
+                        vec![ChatChunkChoice {
+                            index: 0,
+                            delta: ChatDelta::default(),
+                            logprobs: None,
+                            finish_reason: Some(finish_reason.as_str()),
+                        }],
+                        None,
+                    )));
+                    if include_usage {
+                        out.push(sse(&chunk(
+                            Vec::new(),
+                            Some(Usage::new(prompt_tokens, completion_tokens)),
+                        )));
+                    }
+                }
+                Output::Prompt(_) => {}
+            }
+            out
+        }));
+    }
+
+    let mut content = String::new();
+    let mut logprobs = Vec::new();
+    loop {
+        match stream.next().await {
+            Some(Ok(Output::Delta { text, tokens })) => {
+                content.push_str(&text);
+                logprobs.extend(tokens.iter().map(chat_logprob));
+            }
+            Some(Ok(Output::Done {
+                finish_reason,
+                prompt_tokens,
+                completion_tokens,
+            })) => {
+                return Ok(HttpResponse::Ok().json(ChatCompletion {
+                    id,
+                    object: "chat.completion",
+                    created,
+                    model,
+                    choices: vec![ChatChoice {
+                        index: 0,
+                        message: ChatMessageOut {
+                            role: "assistant",
+                            content,
+                        },
+                        logprobs: want_logprobs.then_some(ChatLogprobs { content: logprobs }),
+                        finish_reason: Some(finish_reason.as_str()),
+                    }],
+                    usage: Usage::new(prompt_tokens, completion_tokens),
+                }))
+            }
+            Some(Ok(Output::Prompt(_))) => {}
+            Some(Err(e)) => return Err(e.into()),
+            None => return Err(ApiError::Internal("the generation ended without a result".into())),
+        }
+    }
+}
+
+/// Accumulates legacy completion log-probabilities.
+struct CompletionLogprobBuilder {
+    lp: CompletionLogprobs,
+    offset: usize,
+}
+
+impl CompletionLogprobBuilder {
+    fn new(offset: usize) -> Self {
+        CompletionLogprobBuilder {
+            lp: CompletionLogprobs::default(),
+            offset,
+        }
+    }
+
+    fn push(&mut self, t: &TokenOutput) {
+        self.lp.tokens.push(t.choice.text.clone());
+        self.lp.text_offset.push(self.offset);
+        self.offset += t.choice.text.len();
+        if t.has_logprob {
+            self.lp.token_logprobs.push(Some(t.choice.logprob));
+            let mut top = Map::new();
+            for c in &t.top {
+                top.entry(c.text.clone()).or_insert(Value::from(c.logprob));
+            }
+            self.lp.top_logprobs.push(Some(top));
+        } else {
+            self.lp.token_logprobs.push(None);
+            self.lp.top_logprobs.push(None);
+        }
+    }
+
+    fn take(&mut self) -> CompletionLogprobs {
+        std::mem::take(&mut self.lp)
+    }
+}
+
+pub async fn completions(
+    req: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse> {
+    let body: CompletionRequest = read_json(&req, payload, state.limits.max_body_bytes).await?;
+    state.check_model(body.model.as_deref())?;
+    let job = validate::completion(&body, &state.limits)?;
+    let route = &state.route;
+    let (prompt_text, prompt) = match job.prompt {
+        PromptInput::Text(t) => {
+            let ids = route.tokenize(&t, true)?;
+            (t, ids)
+        }
+        PromptInput::Tokens(ids) => {
+            route.check_token_ids(&ids, "prompt")?;
+            let text = if job.echo {
+                route
+                    .tokenizer
+                    .decode(&ids, false)
+                    .map_err(|e| ApiError::invalid("prompt", e.to_string()))?
+            } else {
+                String::new()
+            };
+            (text, ids)
+        }
+    };
+    let want_logprobs = job.params.logprobs.is_some();
+    let echo = job.echo;
+    let mut stream = route.generate(prompt, job.params)?;
+    let id = new_id("cmpl");
+    let created = unix_now();
+    let model = state.model_name.clone();
+    let response = move |text: String, logprobs: Option<CompletionLogprobs>, finish: Option<&'static str>, usage: Option<Usage>| Completion {
+        id: id.clone(),
+        object: "text_completion",
+        created,
+        model: model.clone(),
+        choices: vec![CompletionChoice {
+            index: 0,
+            text,
+            logprobs,
+            finish_reason: finish,
+        }],
+        usage,
+    };
+
+    // With echo, the prompt comes first: its text, and its tokens' log-probabilities.
+    let mut builder = CompletionLogprobBuilder::new(0);
+    let mut echoed = if echo { prompt_text } else { String::new() };
+
+    if body.stream {
+        let include_usage = job.include_usage;
+        let mut echo_pending = echo;
+        return Ok(event_stream(stream, (builder, echoed), move |(builder, echoed), output| {
+            let mut out = Vec::new();
+            match output {
+                Output::Prompt(tokens) => {
+                    tokens.iter().for_each(|t| builder.push(t));
+                }
+                Output::Delta { text, tokens } => {
+                    let mut text = text;
+                    if echo_pending {
+                        echo_pending = false;
+                        text = std::mem::take(echoed) + &text;
+                    }
+                    tokens.iter().for_each(|t| builder.push(t));
+                    out.push(sse(&response(text, want_logprobs.then(|| builder.take()), None, None)));
+                }
+                Output::Done {
+                    finish_reason,
+                    prompt_tokens,
+                    completion_tokens,
+                } => {
+                    let text = if echo_pending {
+                        echo_pending = false;
+                        std::mem::take(echoed)
+                    } else {
+                        String::new()
+                    };
+                    let logprobs = (want_logprobs && !builder.lp.tokens.is_empty()).then(|| builder.take());
+                    out.push(sse(&response(text, logprobs, Some(finish_reason.as_str()), None)));
+                    if include_usage {
+                        let mut last = response(String::new(), None, None, Some(Usage::new(prompt_tokens, completion_tokens)));
+                        last.choices.clear();
+                        out.push(sse(&last));
+                    }
+                }
+            }
+            out
+        }));
+    }
+
+    loop {
+        match stream.next().await {
+            Some(Ok(Output::Prompt(tokens))) => tokens.iter().for_each(|t| builder.push(t)),
+            Some(Ok(Output::Delta { text, tokens })) => {
+                echoed.push_str(&text);
+                tokens.iter().for_each(|t| builder.push(t));
+            }
+            Some(Ok(Output::Done {
+                finish_reason,
+                prompt_tokens,
+                completion_tokens,
+            })) => {
+                let logprobs = want_logprobs.then(|| builder.take());
+                return Ok(HttpResponse::Ok().json(response(
+                    echoed,
+                    logprobs,
+                    Some(finish_reason.as_str()),
+                    Some(Usage::new(prompt_tokens, completion_tokens)),
+                )));
+            }
+            Some(Err(e)) => return Err(e.into()),
+            None => return Err(ApiError::Internal("the generation ended without a result".into())),
+        }
+    }
+}
+
+pub async fn tokenize(
+    req: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse> {
+    let body: TokenizeRequest = read_json(&req, payload, state.limits.max_body_bytes).await?;
+    state.check_model(body.model.as_deref())?;
+    let route = &state.route;
+    let tokens = match (&body.prompt, &body.messages) {
+        (Some(prompt), None) => route.tokenize(prompt, body.add_special_tokens.unwrap_or(true))?,
+        (None, Some(messages)) => {
+            let messages = validate::messages(messages)?;
+            let text = route.render_chat(
+                &messages,
+                body.add_generation_prompt.unwrap_or(true),
+                &body.chat_template_kwargs.clone().unwrap_or_default(),
+            )?;
+            route.tokenize(&text, body.add_special_tokens.unwrap_or(false))?
+        }
+        _ => {
+            return Err(ApiError::invalid(
+                "prompt",
+                "give either `prompt` (a string) or `messages` (chat messages), not both",
+            ))
+        }
+    };
+    let token_strs = body.return_token_strs.then(|| {
+        tokens
+            .iter()
+            .map(|&t| route.tokenizer.id_to_token(t).unwrap_or_default())
+            .collect()
+    });
+    Ok(HttpResponse::Ok().json(TokenizeResponse {
+        count: tokens.len(),
+        max_model_len: route.context_length(),
+        tokens,
+        token_strs,
+    }))
+}
+
+pub async fn detokenize(
+    req: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse> {
+    let body: DetokenizeRequest = read_json(&req, payload, state.limits.max_body_bytes).await?;
+    state.check_model(body.model.as_deref())?;
+    let ids = validate::token_ids(&body.tokens, "tokens")?;
+    state.route.check_token_ids(&ids, "tokens")?;
+    let prompt = state
+        .route
+        .tokenizer
+        .decode(&ids, false)
+        .map_err(|e| ApiError::invalid("tokens", e.to_string()))?;
+    Ok(HttpResponse::Ok().json(DetokenizeResponse { prompt }))
+}

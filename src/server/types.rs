@@ -1,0 +1,261 @@
+//! Request and response bodies of the OpenAI (and vLLM-extra) routes.
+//!
+//! Requests deny unknown fields, so nothing a client sends is silently
+//! ignored; numbers are read wide (`i64`, `f64`) and range-checked in
+//! [`super::validate`], which names the offending field.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+/// `stop`: one string or a list.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(untagged)]
+pub enum StopSpec {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChatCompletionRequest {
+    pub model: Option<String>,
+    pub messages: Vec<Value>,
+    pub max_tokens: Option<i64>,
+    pub max_completion_tokens: Option<i64>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub n: Option<i64>,
+    #[serde(default)]
+    pub stream: bool,
+    pub stream_options: Option<StreamOptions>,
+    pub stop: Option<StopSpec>,
+    pub seed: Option<i64>,
+    #[serde(default)]
+    pub logprobs: bool,
+    pub top_logprobs: Option<i64>,
+    pub presence_penalty: Option<f64>,
+    pub frequency_penalty: Option<f64>,
+    pub logit_bias: Option<Map<String, Value>>,
+    pub user: Option<String>,
+    pub response_format: Option<Value>,
+    pub tools: Option<Vec<Value>>,
+    pub tool_choice: Option<Value>,
+    /// vLLM's extension: keyword arguments of the chat template
+    /// (`enable_thinking`, ...).
+    pub chat_template_kwargs: Option<Map<String, Value>>,
+    pub add_generation_prompt: Option<bool>,
+    #[serde(default)]
+    pub ignore_eos: bool,
+}
+
+/// `prompt` of a completion: text, or token ids.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(untagged)]
+pub enum PromptSpec {
+    Text(String),
+    Tokens(Vec<i64>),
+    TextBatch(Vec<String>),
+    TokensBatch(Vec<Vec<i64>>),
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CompletionRequest {
+    pub model: Option<String>,
+    pub prompt: PromptSpec,
+    pub max_tokens: Option<i64>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub n: Option<i64>,
+    #[serde(default)]
+    pub stream: bool,
+    pub stream_options: Option<StreamOptions>,
+    pub stop: Option<StopSpec>,
+    pub seed: Option<i64>,
+    pub logprobs: Option<i64>,
+    #[serde(default)]
+    pub echo: bool,
+    pub presence_penalty: Option<f64>,
+    pub frequency_penalty: Option<f64>,
+    pub logit_bias: Option<Map<String, Value>>,
+    pub best_of: Option<i64>,
+    pub suffix: Option<String>,
+    pub user: Option<String>,
+    #[serde(default)]
+    pub ignore_eos: bool,
+}
+
+/// vLLM's `POST /tokenize`: a prompt, or chat messages.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenizeRequest {
+    pub model: Option<String>,
+    pub prompt: Option<String>,
+    pub messages: Option<Vec<Value>>,
+    pub add_special_tokens: Option<bool>,
+    pub add_generation_prompt: Option<bool>,
+    pub chat_template_kwargs: Option<Map<String, Value>>,
+    #[serde(default)]
+    pub return_token_strs: bool,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct TokenizeResponse {
+    pub count: usize,
+    pub max_model_len: usize,
+    pub tokens: Vec<u32>,
+    pub token_strs: Option<Vec<String>>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DetokenizeRequest {
+    pub model: Option<String>,
+    pub tokens: Vec<i64>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct DetokenizeResponse {
+    pub prompt: String,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ModelCard {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub owned_by: &'static str,
+    pub root: String,
+    pub max_model_len: usize,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ModelList {
+    pub object: &'static str,
+    pub data: Vec<ModelCard>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub total_tokens: usize,
+}
+
+impl Usage {
+    pub fn new(prompt_tokens: usize, completion_tokens: usize) -> Self {
+        Usage {
+            prompt_tokens,
+            completion_tokens,
+            total_tokens: prompt_tokens + completion_tokens,
+        }
+    }
+}
+
+/// One alternative in chat `logprobs`.
+#[derive(Clone, Debug, Serialize)]
+pub struct TopLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+}
+
+/// One token in chat `logprobs.content`.
+#[derive(Clone, Debug, Serialize)]
+pub struct ChatTokenLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+    pub top_logprobs: Vec<TopLogprob>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ChatLogprobs {
+    pub content: Vec<ChatTokenLogprob>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ChatMessageOut {
+    pub role: &'static str,
+    pub content: String,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ChatChoice {
+    pub index: usize,
+    pub message: ChatMessageOut,
+    pub logprobs: Option<ChatLogprobs>,
+    pub finish_reason: Option<&'static str>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ChatCompletion {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<ChatChoice>,
+    pub usage: Usage,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct ChatDelta {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ChatChunkChoice {
+    pub index: usize,
+    pub delta: ChatDelta,
+    pub logprobs: Option<ChatLogprobs>,
+    pub finish_reason: Option<&'static str>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ChatCompletionChunk {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<ChatChunkChoice>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+/// Legacy completions `logprobs`.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct CompletionLogprobs {
+    pub tokens: Vec<String>,
+    pub token_logprobs: Vec<Option<f32>>,
+    pub top_logprobs: Vec<Option<Map<String, Value>>>,
+    pub text_offset: Vec<usize>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct CompletionChoice {
+    pub index: usize,
+    pub text: String,
+    pub logprobs: Option<CompletionLogprobs>,
+    pub finish_reason: Option<&'static str>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Completion {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<CompletionChoice>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}

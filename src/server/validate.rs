@@ -1,0 +1,313 @@
+//! Validation in one place: request bodies become route parameters here, or
+//! a 400 that names the field and says what is accepted.
+
+use serde_json::{Map, Value};
+
+use super::error::ApiError;
+use super::types::{ChatCompletionRequest, CompletionRequest, PromptSpec, StopSpec};
+use crate::engine::Sampling;
+use crate::route::GenerationParams;
+use crate::settings::Limits;
+
+/// Roles a chat message may have.
+const ROLES: &[&str] = &["system", "developer", "user", "assistant", "tool"];
+
+fn int_in(value: i64, lo: i64, hi: i64, param: &str) -> Result<i64, ApiError> {
+    if value < lo || value > hi {
+        return Err(ApiError::invalid(
+            param,
+            format!("`{param}` must be between {lo} and {hi}; got {value}"),
+        ));
+    }
+    Ok(value)
+}
+
+fn float_in(value: f64, lo: f64, hi: f64, param: &str) -> Result<f32, ApiError> {
+    if !value.is_finite() || value < lo || value > hi {
+        return Err(ApiError::invalid(
+            param,
+            format!("`{param}` must be a number between {lo} and {hi}; got {value}"),
+        ));
+    }
+    Ok(value as f32)
+}
+
+/// Features the server does not implement are refused rather than ignored.
+fn unsupported<T>(value: &Option<T>, param: &str, why: &str) -> Result<(), ApiError> {
+    if value.is_some() {
+        return Err(ApiError::invalid(param, format!("`{param}` is not supported: {why}")));
+    }
+    Ok(())
+}
+
+fn zero_penalty(value: Option<f64>, param: &str) -> Result<(), ApiError> {
+    match value {
+        None => Ok(()),
+        Some(v) if v == 0.0 => Ok(()),
+        Some(v) => Err(ApiError::invalid(
+            param,
+            format!("`{param}` is not supported (only 0); got {v}"),
+        )),
+    }
+}
+
+fn sampling(temperature: Option<f64>, top_p: Option<f64>, seed: Option<i64>) -> Result<Sampling, ApiError> {
+    Ok(Sampling {
+        temperature: temperature.map_or(Ok(1.0), |t| float_in(t, 0.0, 2.0, "temperature"))?,
+        top_p: match top_p {
+            None => 1.0,
+            Some(p) if p > 0.0 => float_in(p, 0.0, 1.0, "top_p")?,
+            Some(p) => {
+                return Err(ApiError::invalid(
+                    "top_p",
+                    format!("`top_p` must be greater than 0 and at most 1; got {p}"),
+                ))
+            }
+        },
+        seed: seed.map(|s| s as u64),
+    })
+}
+
+fn stops(stop: &Option<StopSpec>, limits: &Limits) -> Result<Vec<String>, ApiError> {
+    let list = match stop {
+        None => Vec::new(),
+        Some(StopSpec::One(s)) => vec![s.clone()],
+        Some(StopSpec::Many(v)) => v.clone(),
+    };
+    if list.len() > limits.max_stop {
+        return Err(ApiError::invalid(
+            "stop",
+            format!("at most {} stop sequences are allowed; got {}", limits.max_stop, list.len()),
+        ));
+    }
+    for s in &list {
+        if s.is_empty() {
+            return Err(ApiError::invalid("stop", "stop sequences must not be empty"));
+        }
+        if s.len() > limits.max_stop_bytes {
+            return Err(ApiError::invalid(
+                "stop",
+                format!("a stop sequence may be at most {} bytes long", limits.max_stop_bytes),
+            ));
+        }
+    }
+    Ok(list)
+}
+
+fn max_tokens(value: Option<i64>, param: &str) -> Result<Option<usize>, ApiError> {
+    value
+        .map(|n| int_in(n, 1, i64::from(u32::MAX), param).map(|n| n as usize))
+        .transpose()
+}
+
+fn single_choice(n: Option<i64>) -> Result<(), ApiError> {
+    match n {
+        None | Some(1) => Ok(()),
+        Some(v) => Err(ApiError::invalid(
+            "n",
+            format!("only n = 1 is supported; got {v}. Send several requests instead."),
+        )),
+    }
+}
+
+/// A chat message's content as the template sees it: a string. Lists of
+/// text parts are joined with newlines; other parts are refused.
+fn flatten_content(content: &Value, i: usize) -> Result<Value, ApiError> {
+    let param = format!("messages[{i}].content");
+    match content {
+        Value::String(_) | Value::Null => Ok(content.clone()),
+        Value::Array(parts) => {
+            let mut texts = Vec::with_capacity(parts.len());
+            for (j, part) in parts.iter().enumerate() {
+                let kind = part.get("type").and_then(Value::as_str).unwrap_or("");
+                match (kind, part.get("text").and_then(Value::as_str)) {
+                    ("text", Some(t)) => texts.push(t.to_string()),
+                    ("image_url" | "input_image" | "image", _) => {
+                        return Err(ApiError::invalid(
+                            &format!("{param}[{j}]"),
+                            "image content parts are not supported by the MLX backend; the \
+                             image route is served through the vLLM backend",
+                        ))
+                    }
+                    _ => {
+                        return Err(ApiError::invalid(
+                            &format!("{param}[{j}]"),
+                            "a content part must be {\"type\": \"text\", \"text\": \"...\"}",
+                        ))
+                    }
+                }
+            }
+            Ok(Value::String(texts.join("\n")))
+        }
+        _ => Err(ApiError::invalid(
+            &param,
+            "content must be a string or a list of text parts",
+        )),
+    }
+}
+
+/// Checks chat messages and returns them as the template takes them.
+pub fn messages(messages: &[Value]) -> Result<Vec<Value>, ApiError> {
+    if messages.is_empty() {
+        return Err(ApiError::invalid("messages", "`messages` must not be empty"));
+    }
+    messages
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let obj = m.as_object().ok_or_else(|| {
+                ApiError::invalid(&format!("messages[{i}]"), "a message must be an object")
+            })?;
+            let role = obj.get("role").and_then(Value::as_str).unwrap_or("");
+            if !ROLES.contains(&role) {
+                return Err(ApiError::invalid(
+                    &format!("messages[{i}].role"),
+                    format!("role must be one of {}; got `{role}`", ROLES.join(", ")),
+                ));
+            }
+            let mut out: Map<String, Value> = obj.clone();
+            let content = obj.get("content").unwrap_or(&Value::Null);
+            out.insert("content".into(), flatten_content(content, i)?);
+            Ok(Value::Object(out))
+        })
+        .collect()
+}
+
+/// A validated chat completion request.
+pub struct ChatJob {
+    pub messages: Vec<Value>,
+    pub add_generation_prompt: bool,
+    pub template_kwargs: Map<String, Value>,
+    pub params: GenerationParams,
+    pub include_usage: bool,
+}
+
+pub fn chat(req: &ChatCompletionRequest, limits: &Limits) -> Result<ChatJob, ApiError> {
+    single_choice(req.n)?;
+    zero_penalty(req.presence_penalty, "presence_penalty")?;
+    zero_penalty(req.frequency_penalty, "frequency_penalty")?;
+    if req.logit_bias.as_ref().is_some_and(|m| !m.is_empty()) {
+        return Err(ApiError::invalid("logit_bias", "`logit_bias` is not supported"));
+    }
+    unsupported(&req.tools, "tools", "this server does not call tools")?;
+    unsupported(&req.tool_choice, "tool_choice", "this server does not call tools")?;
+    if let Some(format) = &req.response_format {
+        if format.get("type").and_then(Value::as_str) != Some("text") {
+            return Err(ApiError::invalid(
+                "response_format",
+                "only {\"type\": \"text\"} is supported",
+            ));
+        }
+    }
+    let logprobs = match (req.logprobs, req.top_logprobs) {
+        (false, Some(_)) => {
+            return Err(ApiError::invalid(
+                "top_logprobs",
+                "`top_logprobs` needs `logprobs: true`",
+            ))
+        }
+        (false, None) => None,
+        (true, k) => Some(int_in(k.unwrap_or(0), 0, limits.max_logprobs as i64, "top_logprobs")? as usize),
+    };
+    if req.max_tokens.is_some() && req.max_completion_tokens.is_some() {
+        return Err(ApiError::invalid(
+            "max_completion_tokens",
+            "give `max_tokens` or `max_completion_tokens`, not both",
+        ));
+    }
+    let max = max_tokens(req.max_completion_tokens, "max_completion_tokens")?
+        .or(max_tokens(req.max_tokens, "max_tokens")?);
+    if req.stream_options.is_some() && !req.stream {
+        return Err(ApiError::invalid("stream_options", "`stream_options` needs `stream: true`"));
+    }
+    Ok(ChatJob {
+        messages: messages(&req.messages)?,
+        add_generation_prompt: req.add_generation_prompt.unwrap_or(true),
+        template_kwargs: req.chat_template_kwargs.clone().unwrap_or_default(),
+        params: GenerationParams {
+            max_tokens: max,
+            sampling: sampling(req.temperature, req.top_p, req.seed)?,
+            stop: stops(&req.stop, limits)?,
+            logprobs,
+            prompt_logprobs: None,
+            ignore_eos: req.ignore_eos,
+        },
+        include_usage: req.stream_options.as_ref().is_some_and(|o| o.include_usage),
+    })
+}
+
+/// What a completion's prompt is.
+pub enum PromptInput {
+    Text(String),
+    Tokens(Vec<u32>),
+}
+
+/// A validated completion request.
+pub struct CompletionJob {
+    pub prompt: PromptInput,
+    pub echo: bool,
+    pub params: GenerationParams,
+    pub include_usage: bool,
+}
+
+/// Token ids as sent (checked against the vocabulary later).
+pub fn token_ids(ids: &[i64], param: &str) -> Result<Vec<u32>, ApiError> {
+    ids.iter()
+        .map(|&id| {
+            u32::try_from(id).map_err(|_| {
+                ApiError::invalid(param, format!("token ids must be non-negative; got {id}"))
+            })
+        })
+        .collect()
+}
+
+pub fn completion(req: &CompletionRequest, limits: &Limits) -> Result<CompletionJob, ApiError> {
+    single_choice(req.n)?;
+    zero_penalty(req.presence_penalty, "presence_penalty")?;
+    zero_penalty(req.frequency_penalty, "frequency_penalty")?;
+    if req.logit_bias.as_ref().is_some_and(|m| !m.is_empty()) {
+        return Err(ApiError::invalid("logit_bias", "`logit_bias` is not supported"));
+    }
+    if req.best_of.is_some_and(|b| b != 1) {
+        return Err(ApiError::invalid("best_of", "only best_of = 1 is supported"));
+    }
+    unsupported(&req.suffix, "suffix", "insertion is not supported")?;
+    let prompt = match &req.prompt {
+        PromptSpec::Text(t) => PromptInput::Text(t.clone()),
+        PromptSpec::Tokens(ids) => PromptInput::Tokens(token_ids(ids, "prompt")?),
+        PromptSpec::TextBatch(v) if v.len() == 1 => PromptInput::Text(v[0].clone()),
+        PromptSpec::TokensBatch(v) if v.len() == 1 => PromptInput::Tokens(token_ids(&v[0], "prompt")?),
+        _ => {
+            return Err(ApiError::invalid(
+                "prompt",
+                "batched prompts are not supported: send one prompt per request",
+            ))
+        }
+    };
+    let logprobs = req
+        .logprobs
+        .map(|k| int_in(k, 0, limits.max_logprobs as i64, "logprobs").map(|k| k as usize))
+        .transpose()?;
+    if req.stream_options.is_some() && !req.stream {
+        return Err(ApiError::invalid("stream_options", "`stream_options` needs `stream: true`"));
+    }
+    let max = match req.max_tokens {
+        // The legacy API's default.
+        None => Some(16),
+        Some(0) if req.echo => Some(0),
+        m => max_tokens(m, "max_tokens")?,
+    };
+    Ok(CompletionJob {
+        prompt,
+        echo: req.echo,
+        params: GenerationParams {
+            max_tokens: max,
+            sampling: sampling(req.temperature, req.top_p, req.seed)?,
+            stop: stops(&req.stop, limits)?,
+            logprobs,
+            prompt_logprobs: if req.echo { logprobs } else { None },
+            ignore_eos: req.ignore_eos,
+        },
+        include_usage: req.stream_options.as_ref().is_some_and(|o| o.include_usage),
+    })
+}

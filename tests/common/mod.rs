@@ -1,0 +1,182 @@
+//! Shared by the integration tests: where the fixture model and the
+//! reference figures are, and a real server process on 127.0.0.1.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn cache_dir() -> PathBuf {
+    std::env::var_os("DECISIO_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/decisio"))
+}
+
+/// The converted SmolLM2 fixture (made by `make setup`).
+pub fn model_dir() -> PathBuf {
+    let dir = std::env::var_os("DECISIO_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| cache_dir().join("models/smollm2-135m-instruct"));
+    assert!(
+        dir.join("config.json").exists(),
+        "the fixture model is missing at {}; run `make setup`",
+        dir.display()
+    );
+    dir
+}
+
+/// Reference figures written by `make reference`.
+pub fn reference_file(name: &str) -> PathBuf {
+    let dir = std::env::var_os("DECISIO_REFERENCE_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/reference"));
+    let path = dir.join(name);
+    assert!(
+        path.exists(),
+        "reference file {} is missing; run `make reference`",
+        path.display()
+    );
+    path
+}
+
+/// A `decisio serve` process on a free loopback port, stopped on drop.
+pub struct Server {
+    child: Child,
+    pub port: u16,
+}
+
+impl Server {
+    pub fn start(extra: &[&str]) -> Server {
+        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let model = model_dir();
+        let child = Command::new(env!("CARGO_BIN_EXE_decisio"))
+            .args(["serve", "--model"])
+            .arg(&model)
+            .args(["--served-model-name", "smollm2", "--port", &port.to_string()])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start decisio serve");
+        let server = Server { child, port };
+        server.wait_ready(Duration::from_secs(120));
+        server
+    }
+
+    fn wait_ready(&self, limit: Duration) {
+        let start = Instant::now();
+        while start.elapsed() < limit {
+            if let Ok(r) = self.request("GET", "/health", &[], None) {
+                if r.status == 200 {
+                    return;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("the server did not become healthy within {limit:?}");
+    }
+
+    /// One HTTP/1.1 request; `body` is sent as is.
+    pub fn request(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Option<&[u8]>,
+    ) -> std::io::Result<Response> {
+        let mut stream = TcpStream::connect(("127.0.0.1", self.port))?;
+        stream.set_read_timeout(Some(Duration::from_secs(120)))?;
+        let mut head = format!("{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n");
+        for (k, v) in headers {
+            head.push_str(&format!("{k}: {v}\r\n"));
+        }
+        if let Some(b) = body {
+            head.push_str(&format!("Content-Type: application/json\r\nContent-Length: {}\r\n", b.len()));
+        }
+        head.push_str("\r\n");
+        stream.write_all(head.as_bytes())?;
+        if let Some(b) = body {
+            // A server may answer (413) before reading everything.
+            let _ = stream.write_all(b);
+        }
+        let mut reader = BufReader::new(stream);
+        let mut status_line = String::new();
+        reader.read_line(&mut status_line)?;
+        let status: u16 = status_line
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        let mut headers = Vec::new();
+        let mut chunked = false;
+        loop {
+            let mut line = String::new();
+            reader.read_line(&mut line)?;
+            let line = line.trim_end();
+            if line.is_empty() {
+                break;
+            }
+            if let Some((k, v)) = line.split_once(':') {
+                let (k, v) = (k.trim().to_ascii_lowercase(), v.trim().to_string());
+                if k == "transfer-encoding" && v.contains("chunked") {
+                    chunked = true;
+                }
+                headers.push((k, v));
+            }
+        }
+        let mut body = Vec::new();
+        if chunked {
+            loop {
+                let mut size = String::new();
+                reader.read_line(&mut size)?;
+                let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+                if n == 0 {
+                    break;
+                }
+                let mut chunk = vec![0; n + 2];
+                reader.read_exact(&mut chunk)?;
+                body.extend_from_slice(&chunk[..n]);
+            }
+        } else {
+            reader.read_to_end(&mut body)?;
+        }
+        Ok(Response { status, headers, body })
+    }
+
+    pub fn post_json(&self, path: &str, body: &serde_json::Value) -> Response {
+        self.request("POST", path, &[], Some(body.to_string().as_bytes()))
+            .expect("request")
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub struct Response {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Response {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
+            panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body))
+        })
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+    }
+}
