@@ -7,7 +7,9 @@
 //! tokenize=False)` does: same jinja settings (`trim_blocks`,
 //! `lstrip_blocks`, loop controls), same helpers (`raise_exception`,
 //! `strftime_now`, a `tojson` that is Python's `json.dumps`), and Python's
-//! printing and string methods.
+//! printing and string methods. [`TextTokenizer`] turns that text into the
+//! ids Python's `tokenizers` gives, and ids back into text, also
+//! incrementally for streaming.
 //!
 //! Where MiniJinja and Python differ, the template source is adapted
 //! (Python string escapes, line breaks, `{% generation %}` tags) and the
@@ -28,6 +30,8 @@ mod error;
 mod python;
 mod source;
 mod template;
+mod tokenizer;
 
 pub use error::PromptError;
 pub use template::{ChatMessage, ChatTemplate};
+pub use tokenizer::{IncrementalDecoder, TextTokenizer};
