@@ -346,6 +346,19 @@ fn tokenizers_encode_and_decode_like_python() {
     decoded.finish("decodings");
 }
 
+/// The pieces an incremental decoder emits for `ids`, the final flush included.
+fn stream(tok: &TextTokenizer, ids: &[u32], skip_special_tokens: bool, label: &str) -> Vec<String> {
+    let mut stream = tok.incremental(skip_special_tokens);
+    let mut pieces = Vec::new();
+    for &id in ids {
+        if let Some(piece) = stream.push(id).unwrap_or_else(|e| panic!("{label}: {e}")) {
+            pieces.push(piece);
+        }
+    }
+    pieces.extend(stream.finish().unwrap_or_else(|e| panic!("{label}: {e}")));
+    pieces
+}
+
 #[test]
 fn streaming_and_token_bytes_agree_with_decode() {
     let reference = reference();
@@ -364,17 +377,18 @@ fn streaming_and_token_bytes_agree_with_decode() {
 
             // Streaming: the pieces concatenate to the full decoding and never
             // hold a replacement character the full text does not have.
-            let mut stream = tok.incremental(false);
-            let mut pieces = Vec::new();
-            for &id in &ids {
-                if let Some(piece) = stream.push(id).unwrap_or_else(|e| panic!("{label}: {e}")) {
-                    pieces.push(piece);
-                }
-            }
-            pieces.extend(stream.finish().unwrap_or_else(|e| panic!("{label}: {e}")));
+            let pieces = stream(&tok, &ids, false, &label);
             let streamed = pieces.concat();
             report.check(streamed == text, || {
                 format!("{label} streamed: {}", string_difference(text, &streamed))
+            });
+            let skipped_text = entry["decoded_skip_special"].as_str().unwrap_or(text);
+            let skipped = stream(&tok, &ids, true, &label).concat();
+            report.check(skipped == skipped_text, || {
+                format!(
+                    "{label} streamed (skip_special_tokens): {}",
+                    string_difference(skipped_text, &skipped)
+                )
             });
             if !text.contains('\u{FFFD}') {
                 report.check(!pieces.iter().any(|p| p.contains('\u{FFFD}')), || {

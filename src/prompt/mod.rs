@@ -35,3 +35,14 @@ mod tokenizer;
 pub use error::PromptError;
 pub use template::{ChatMessage, ChatTemplate};
 pub use tokenizer::{IncrementalDecoder, TextTokenizer};
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn prompt_types_can_be_shared_across_threads() {
+        fn shared<T: Send + Sync + Clone>() {}
+        shared::<super::ChatTemplate>();
+        shared::<super::TextTokenizer>();
+        shared::<super::IncrementalDecoder>();
+    }
+}

@@ -358,6 +358,67 @@ mod tests {
         assert_eq!(apply_byte_steps(&steps, "<0xZZ>".into()), b"<0xZZ>");
     }
 
+    /// A byte-level tokenizer whose tokens are single bytes, so that
+    /// multi-byte characters span several tokens.
+    fn byte_tokenizer() -> TextTokenizer {
+        let json = r#"{"version":"1.0","truncation":null,"padding":null,
+            "added_tokens":[{"id":8,"content":"<|end|>","single_word":false,"lstrip":false,
+                "rstrip":false,"normalized":false,"special":true}],
+            "normalizer":null,
+            "pre_tokenizer":{"type":"ByteLevel","add_prefix_space":false,"trim_offsets":true,"use_regex":true},
+            "post_processor":null,
+            "decoder":{"type":"ByteLevel","add_prefix_space":true,"trim_offsets":true,"use_regex":true},
+            "model":{"type":"BPE","dropout":null,"unk_token":null,"continuing_subword_prefix":null,
+                "end_of_word_suffix":null,"fuse_unk":false,"byte_fallback":false,"ignore_merges":false,
+                "vocab":{"a":0,"Ã":1,"©":2,"ð":3,"Ł":4,"ĺ":5,"Ģ":6,"Ġ":7},"merges":[]}}"#;
+        TextTokenizer::from_bytes(json.as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn streaming_never_emits_half_a_character() {
+        let tok = byte_tokenizer();
+        let ids = tok.encode("aé😀 a<|end|>", false).unwrap();
+        assert_eq!(ids, [0, 1, 2, 3, 4, 5, 6, 7, 0, 8]);
+        let mut stream = tok.incremental(false);
+        let pieces: Vec<Option<String>> = ids.iter().map(|&id| stream.push(id).unwrap()).collect();
+        let want: [Option<&str>; 10] = [
+            Some("a"),
+            None,
+            Some("é"),
+            None,
+            None,
+            None,
+            Some("😀"),
+            Some(" "),
+            Some("a"),
+            Some("<|end|>"),
+        ];
+        assert_eq!(pieces, want.map(|p| p.map(str::to_owned)));
+        assert_eq!(stream.finish().unwrap(), None);
+
+        // An unfinished character comes out at the end, as decode writes it.
+        let mut stream = tok.incremental(true);
+        assert_eq!(stream.push(0).unwrap().as_deref(), Some("a"));
+        assert_eq!(stream.push(3).unwrap(), None);
+        assert_eq!(stream.push(8).unwrap(), None);
+        assert_eq!(stream.finish().unwrap().as_deref(), Some("\u{FFFD}"));
+    }
+
+    #[test]
+    fn token_bytes_and_vocabulary() {
+        let tok = byte_tokenizer();
+        assert_eq!(tok.token_bytes(3), Some(vec![0xf0]));
+        assert_eq!(tok.token_bytes(7), Some(b" ".to_vec()));
+        assert_eq!(tok.token_bytes(8), Some(b"<|end|>".to_vec()));
+        assert_eq!(tok.token_bytes(99), None);
+        assert_eq!(tok.vocab_size(), 9);
+        assert_eq!(tok.token_to_id("<|end|>"), Some(8));
+        assert_eq!(tok.id_to_token(7).as_deref(), Some("Ġ"));
+        assert!(tok.is_special(8));
+        assert!(!tok.is_special(0));
+        assert_eq!(tok.decode(&[0, 8], true).unwrap(), "a");
+    }
+
     #[test]
     fn missing_tokenizer_file_is_an_io_error() {
         let err = TextTokenizer::from_file("/nonexistent/decisio/tokenizer.json").unwrap_err();
