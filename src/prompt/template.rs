@@ -14,6 +14,7 @@ use super::source;
 use super::PromptError;
 
 const TEMPLATE_NAME: &str = "chat_template";
+const TOOL_USE_NAME: &str = "tool_use";
 
 /// One chat message, the typed form of what templates read. Any JSON object
 /// works as a message too (see [`ChatTemplate::render`]); this covers the
@@ -52,6 +53,8 @@ impl ChatMessage {
 pub struct ChatTemplate {
     env: Environment<'static>,
     source: String,
+    /// The template transformers picks instead when tools are passed.
+    tool_use: Option<String>,
     special_tokens: Vec<(String, String)>,
 }
 
@@ -83,25 +86,32 @@ impl ChatTemplate {
     ) -> Result<Self, PromptError> {
         let source = source.into();
         let mut env = environment();
-        let adapted = source::adapt(&source).map_err(|detail| PromptError::TemplateSyntax {
-            detail: format!("bad escape in a string literal: {detail}"),
-        })?;
-        env.add_template_owned(TEMPLATE_NAME, adapted)
-            .map_err(|e| PromptError::TemplateSyntax {
-                detail: describe(&e),
-            })?;
+        compile(&mut env, TEMPLATE_NAME, &source)?;
         Ok(ChatTemplate {
             env,
             source,
+            tool_use: None,
             special_tokens,
         })
+    }
+
+    /// Adds the template to use when tools are passed (transformers' named
+    /// template "tool_use").
+    pub fn with_tool_use(mut self, source: impl Into<String>) -> Result<Self, PromptError> {
+        let source = source.into();
+        compile(&mut self.env, TOOL_USE_NAME, &source)?;
+        self.tool_use = Some(source);
+        Ok(self)
     }
 
     /// Loads the template of a model folder from its `tokenizer_config.json`
     /// (`path` may be that file or the folder holding it), as transformers
     /// does: a sibling `chat_template.jinja` wins over the config's
     /// `chat_template`, which is a string or a list of `{name, template}` of
-    /// which "default" is used. Special tokens are every `*_token` entry
+    /// which "default" is used ("tool_use", if present, when tools are
+    /// passed). Template files (`chat_template.jinja` and
+    /// `additional_chat_templates/*.jinja`) win over the config's entries,
+    /// as in transformers. Special tokens are every `*_token` entry
     /// (a string or an `{"content": ...}` object) and the
     /// `extra_special_tokens` map.
     pub fn from_tokenizer_config(path: impl AsRef<Path>) -> Result<Self, PromptError> {
@@ -109,10 +119,17 @@ impl ChatTemplate {
         if path.is_dir() {
             path.push("tokenizer_config.json");
         }
-        let text = std::fs::read_to_string(&path).map_err(|source| PromptError::Io {
-            path: path.clone(),
-            source,
-        })?;
+        let text = match std::fs::read_to_string(&path) {
+            Ok(text) => text,
+            // A template file alone is enough (no special tokens then).
+            Err(e)
+                if e.kind() == std::io::ErrorKind::NotFound
+                    && path.with_file_name("chat_template.jinja").is_file() =>
+            {
+                "{}".to_owned()
+            }
+            Err(source) => return Err(PromptError::Io { path, source }),
+        };
         let config: Json = serde_json::from_str(&text).map_err(|source| PromptError::Json {
             path: path.clone(),
             source,
@@ -125,21 +142,25 @@ impl ChatTemplate {
             });
         };
         let special_tokens = special_tokens(&config);
-        let jinja = path.with_file_name("chat_template.jinja");
-        let source = if jinja.is_file() {
-            std::fs::read_to_string(&jinja).map_err(|source| PromptError::Io {
-                path: jinja.clone(),
-                source,
-            })?
-        } else {
-            template_from_config(&path, config.get("chat_template"))?
+        let (default, tool_use) = match template_files(&path)? {
+            Some(files) => files,
+            None => template_from_config(&path, config.get("chat_template"))?,
         };
-        ChatTemplate::new(source, special_tokens)
+        let template = ChatTemplate::new(default, special_tokens)?;
+        match tool_use {
+            Some(tool_use) => template.with_tool_use(tool_use),
+            None => Ok(template),
+        }
     }
 
     /// The template source as written (before any adaptation).
     pub fn source(&self) -> &str {
         &self.source
+    }
+
+    /// The "tool_use" template's source, if the model has one.
+    pub fn tool_use_source(&self) -> Option<&str> {
+        self.tool_use.as_deref()
     }
 
     /// The special-token variables the template sees.
@@ -151,11 +172,14 @@ impl ChatTemplate {
     /// e.g. `supports("enable_thinking")` or `supports("tools")`.
     pub fn supports(&self, name: &str) -> bool {
         let is_ident = |c: char| c.is_alphanumeric() || c == '_';
-        self.source.match_indices(name).any(|(at, _)| {
-            let before = self.source[..at].chars().next_back();
-            let after = self.source[at + name.len()..].chars().next();
-            !before.is_some_and(is_ident) && !after.is_some_and(is_ident)
-        })
+        let mentions = |source: &str| {
+            source.match_indices(name).any(|(at, _)| {
+                let before = source[..at].chars().next_back();
+                let after = source[at + name.len()..].chars().next();
+                !before.is_some_and(is_ident) && !after.is_some_and(is_ident)
+            })
+        };
+        mentions(&self.source) || self.tool_use.as_deref().is_some_and(mentions)
     }
 
     /// Whether the template reads `enable_thinking`.
@@ -214,16 +238,38 @@ impl ChatTemplate {
             Json::Bool(add_generation_prompt),
         );
 
-        let template =
-            self.env
-                .get_template(TEMPLATE_NAME)
-                .map_err(|e| PromptError::TemplateSyntax {
-                    detail: describe(&e),
-                })?;
+        // transformers picks "tool_use" whenever tools are passed at all.
+        let tools_passed = extra.get("tools").is_some_and(|t| !t.is_null());
+        let name = if tools_passed && self.tool_use.is_some() {
+            TOOL_USE_NAME
+        } else {
+            TEMPLATE_NAME
+        };
+        let template = self
+            .env
+            .get_template(name)
+            .map_err(|e| PromptError::TemplateSyntax {
+                detail: describe(&e),
+            })?;
         template
             .render(Value::from_serialize(&ctx))
             .map_err(render_error)
     }
+}
+
+/// Adapts and compiles one template into `env`.
+fn compile(
+    env: &mut Environment<'static>,
+    name: &'static str,
+    source: &str,
+) -> Result<(), PromptError> {
+    let adapted = source::adapt(source).map_err(|detail| PromptError::TemplateSyntax {
+        detail: format!("bad escape in a string literal: {detail}"),
+    })?;
+    env.add_template_owned(name, adapted)
+        .map_err(|e| PromptError::TemplateSyntax {
+            detail: describe(&e),
+        })
 }
 
 /// The environment transformers builds: `trim_blocks`, `lstrip_blocks`, no
@@ -730,7 +776,11 @@ fn special_tokens(config: &Map<String, Json>) -> Vec<(String, String)> {
     out
 }
 
-fn template_from_config(path: &Path, entry: Option<&Json>) -> Result<String, PromptError> {
+/// The default and "tool_use" templates of a config's `chat_template`.
+fn template_from_config(
+    path: &Path,
+    entry: Option<&Json>,
+) -> Result<(String, Option<String>), PromptError> {
     let bad = |detail: &str| PromptError::BadConfig {
         path: PathBuf::from(path),
         detail: detail.to_owned(),
@@ -739,9 +789,9 @@ fn template_from_config(path: &Path, entry: Option<&Json>) -> Result<String, Pro
         None | Some(Json::Null) => Err(PromptError::NoChatTemplate {
             path: path.to_path_buf(),
         }),
-        Some(Json::String(s)) => Ok(s.clone()),
+        Some(Json::String(s)) => Ok((s.clone(), None)),
         Some(Json::Array(items)) => {
-            let mut names = Vec::new();
+            let mut named = Vec::new();
             for item in items {
                 let name = item.get("name").and_then(Json::as_str);
                 let template = item.get("template").and_then(Json::as_str);
@@ -750,20 +800,66 @@ fn template_from_config(path: &Path, entry: Option<&Json>) -> Result<String, Pro
                         "each entry of `chat_template` must be an object with `name` and `template` strings",
                     ));
                 };
-                if name == "default" {
-                    return Ok(template.to_owned());
-                }
-                names.push(name.to_owned());
+                named.push((name.to_owned(), template.to_owned()));
             }
-            Err(PromptError::NoDefaultTemplate {
-                path: path.to_path_buf(),
-                names,
-            })
+            pick_templates(path, named)
         }
         Some(other) => Err(bad(&format!(
             "`chat_template` must be a string or a list of {{name, template}} objects, not {}",
             json_kind(other)
         ))),
+    }
+}
+
+/// The templates stored as files beside the config, which transformers
+/// prefers to the config's: `chat_template.jinja` (the default) and
+/// `additional_chat_templates/NAME.jinja`. `None` when there are none.
+fn template_files(config: &Path) -> Result<Option<(String, Option<String>)>, PromptError> {
+    let read = |path: PathBuf| {
+        std::fs::read_to_string(&path).map_err(|source| PromptError::Io { path, source })
+    };
+    let mut named = Vec::new();
+    let default = config.with_file_name("chat_template.jinja");
+    if default.is_file() {
+        named.push(("default".to_owned(), read(default)?));
+    }
+    let extra_dir = config.with_file_name("additional_chat_templates");
+    if let Ok(entries) = std::fs::read_dir(&extra_dir) {
+        let mut files: Vec<PathBuf> = entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "jinja"))
+            .collect();
+        files.sort();
+        for file in files {
+            let name = file
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            named.push((name, read(file)?));
+        }
+    }
+    if named.is_empty() {
+        return Ok(None);
+    }
+    pick_templates(config, named).map(Some)
+}
+
+fn pick_templates(
+    path: &Path,
+    named: Vec<(String, String)>,
+) -> Result<(String, Option<String>), PromptError> {
+    let find = |wanted: &str| {
+        named
+            .iter()
+            .find(|(name, _)| name == wanted)
+            .map(|(_, t)| t.clone())
+    };
+    match find("default") {
+        Some(default) => Ok((default, find("tool_use"))),
+        None => Err(PromptError::NoDefaultTemplate {
+            path: path.to_path_buf(),
+            names: named.into_iter().map(|(name, _)| name).collect(),
+        }),
     }
 }
 
@@ -885,10 +981,25 @@ mod tests {
         let t = ChatTemplate::from_tokenizer_config(&dir).unwrap();
         let msgs = [ChatMessage::new("user", "hi")];
         assert_eq!(t.render(&msgs, false, &Map::new()).unwrap(), "<s>hi</s>");
+        // The "tool_use" template is picked when tools are passed, even empty.
+        let tools = json!({"tools": []}).as_object().cloned().unwrap();
+        assert_eq!(t.render(&msgs, false, &tools).unwrap(), "tools");
+        assert_eq!(t.tool_use_source(), Some("tools"));
 
         std::fs::write(dir.join("chat_template.jinja"), "J{{ messages|length }}\n").unwrap();
         let t = ChatTemplate::from_tokenizer_config(dir.join("tokenizer_config.json")).unwrap();
         assert_eq!(t.render(&msgs, false, &Map::new()).unwrap(), "J1");
+        // Template files replace the config's list, tool_use included.
+        assert_eq!(t.render(&msgs, false, &tools).unwrap(), "J1");
+        std::fs::create_dir_all(dir.join("additional_chat_templates")).unwrap();
+        std::fs::write(dir.join("additional_chat_templates/tool_use.jinja"), "T").unwrap();
+        let t = ChatTemplate::from_tokenizer_config(&dir).unwrap();
+        assert_eq!(t.render(&msgs, false, &tools).unwrap(), "T");
+        std::fs::remove_dir_all(dir.join("additional_chat_templates")).unwrap();
+        std::fs::remove_file(dir.join("tokenizer_config.json")).unwrap();
+        let t = ChatTemplate::from_tokenizer_config(&dir).unwrap();
+        assert_eq!(t.render(&msgs, false, &Map::new()).unwrap(), "J1");
+        std::fs::write(dir.join("tokenizer_config.json"), "{}").unwrap();
 
         let config = json!({"chat_template": [{"name": "a", "template": "x"}]});
         std::fs::remove_file(dir.join("chat_template.jinja")).unwrap();
