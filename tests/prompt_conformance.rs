@@ -14,9 +14,10 @@ use serde_json::{Map, Value};
 
 const HOW_TO_GENERATE: &str = "generate it with\n    \
     python scripts/reference/prompts.py target/reference <template folders>\n\
-    in the project's venv (e.g. $DECISIO_ASSETS/qwen3 $DECISIO_ASSETS/gemma3 \
-    $DECISIO_CACHE/models/smollm2-135m-instruct tests/fixtures/chat-templates/pycompat), \
-    or point DECISIO_REFERENCE_DIR at a folder holding prompts.json";
+    in the project's venv (with no folders it uses those that exist of $DECISIO_ASSETS/qwen3, \
+    $DECISIO_ASSETS/gemma3, $DECISIO_CACHE/models/smollm2-135m-instruct and \
+    tests/fixtures/chat-templates/pycompat), or point DECISIO_REFERENCE_DIR at a folder \
+    holding prompts.json";
 
 /// How many mismatches are printed in full (`DECISIO_CONFORMANCE_SHOW` to change).
 fn shown() -> usize {
