@@ -9,7 +9,7 @@ export DECISIO_REFERENCE_DIR ?= $(CURDIR)/target/reference
 PYTHON := $(DECISIO_CACHE)/venv/bin/python
 PORT ?= 8000
 
-.PHONY: setup serve test reference cargo-test e2e lint bench
+.PHONY: setup serve test reference reference-logits cargo-test e2e lint bench
 
 setup:
 	@bash scripts/setup.sh
@@ -19,10 +19,14 @@ serve: setup
 
 # Reference figures computed by the Python implementations (mlx-lm,
 # transformers, tokenizers) that the Rust tests compare against.
+# (The logits reference takes about 9 minutes and is committed; regenerate it
+# with `make reference-logits` after changing the fixture's conversion.)
 reference: setup
 	@mkdir -p $(DECISIO_REFERENCE_DIR)
-	@$(PYTHON) scripts/reference/logits.py $(DECISIO_MODEL) $(DECISIO_REFERENCE_DIR)
 	@$(PYTHON) scripts/reference/prompts.py $(DECISIO_REFERENCE_DIR) $(DECISIO_MODEL) $(DECISIO_ASSETS)/qwen3 $(DECISIO_ASSETS)/gemma3
+
+reference-logits: setup
+	$(PYTHON) scripts/reference/logits.py $(DECISIO_MODEL) tests/fixtures/reference
 
 cargo-test: reference
 	cargo test --release --locked

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use decisio::engine::mlx::{MlxEngine, MlxOptions};
+use decisio::engine::mlx::{LoadOptions, MlxEngine, MlxOptions};
 use decisio::engine::{Engine, EngineStatus};
 use decisio::prompt::{ChatTemplate, TextTokenizer};
 use decisio::route::TextRoute;
@@ -33,6 +33,13 @@ enum Command {
 enum Backend {
     /// A local MLX conversion (Metal on macOS, the CPU elsewhere).
     Mlx,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Switch {
+    Auto,
+    On,
+    Off,
 }
 
 #[derive(Args)]
@@ -64,6 +71,10 @@ struct ServeArgs {
     /// Jobs that may wait for the engine; more are answered 503.
     #[arg(long, default_value_t = Limits::default().max_queue)]
     max_queue: usize,
+    /// Expand quantized weights into dense ones at load: `auto` does on the
+    /// CPU (where MLX's quantized kernels are slow) and not on Metal.
+    #[arg(long, value_enum, default_value = "auto")]
+    dequantize: Switch,
     /// Largest request body in MiB; larger ones are answered 413.
     #[arg(long, default_value_t = (Limits::default().max_body_bytes >> 20) as u64)]
     max_body_mb: u64,
@@ -154,6 +165,13 @@ fn serve(args: ServeArgs) -> Result<()> {
         Backend::Mlx => Arc::new(MlxEngine::start(
             model_dir.clone(),
             MlxOptions {
+                load: LoadOptions {
+                    dequantize: match args.dequantize {
+                        Switch::Auto => LoadOptions::default().dequantize,
+                        Switch::On => true,
+                        Switch::Off => false,
+                    },
+                },
                 max_queue: limits.max_queue,
                 prefill_chunk: limits.prefill_chunk,
             },

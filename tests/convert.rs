@@ -127,11 +127,26 @@ fn converts_smollm2_into_a_complete_folder() {
     assert!(err.to_string().contains("--force"), "{err}");
     assert_eq!(fs::read(&marker).unwrap(), before);
 
-    // ...and replaced with force.
+    // ...and replaced with force, here with float32 scales: the same values,
+    // widened exactly.
+    let half = Array::load_safetensors(out.join("model.safetensors")).unwrap();
     fs::write(out.join("stale.txt"), "old").unwrap();
-    convert_gguf_with(&gguf, &out, &ConvertOptions { force: true }).unwrap();
+    let options = ConvertOptions {
+        force: true,
+        float_dtype: Some(decisio::convert::FloatDtype::Float32),
+    };
+    convert_gguf_with(&gguf, &out, &options).unwrap();
     assert!(!out.join("stale.txt").exists());
-    assert!(out.join("model.safetensors").is_file());
+    let wide = Array::load_safetensors(out.join("model.safetensors")).unwrap();
+    for name in ["model.layers.3.mlp.up_proj.scales", "model.embed_tokens.biases"] {
+        assert_eq!(wide[name].dtype(), Dtype::Float32, "{name}");
+        let a = half[name].as_dtype(Dtype::Float32).unwrap();
+        assert_eq!(a.as_slice::<f32>(), wide[name].as_slice::<f32>(), "{name}");
+    }
+    assert_eq!(
+        rows_u32(&half["model.layers.3.mlp.up_proj.weight"]),
+        rows_u32(&wide["model.layers.3.mlp.up_proj.weight"])
+    );
 }
 
 fn check_config(out: &Path) {

@@ -145,6 +145,27 @@ pub enum ConvertError {
 pub struct ConvertOptions {
     /// Replace an existing, non-empty output folder.
     pub force: bool,
+    /// The dtype of every floating-point array written (quantization scales
+    /// and biases, norms, dense weights); `None` keeps the GGUF's.
+    pub float_dtype: Option<FloatDtype>,
+}
+
+/// Floating-point dtypes a conversion can store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum FloatDtype {
+    Float32,
+    Float16,
+    Bfloat16,
+}
+
+impl FloatDtype {
+    pub fn mlx(self) -> mlx_rs::Dtype {
+        match self {
+            FloatDtype::Float32 => mlx_rs::Dtype::Float32,
+            FloatDtype::Float16 => mlx_rs::Dtype::Float16,
+            FloatDtype::Bfloat16 => mlx_rs::Dtype::Bfloat16,
+        }
+    }
 }
 
 /// What a conversion wrote.
@@ -249,7 +270,7 @@ pub fn convert_gguf_with(
     let meta = meta::Meta::new(&file);
     let params = LlamaParams::read(&meta, &header)?;
     let tok = tokenizer::build(&meta, params.max_position_embeddings, params.vocab_size)?;
-    let converted = tensors::convert(&file, &header, &params)?;
+    let converted = tensors::convert(&file, &header, &params, options.float_dtype)?;
     let quantization = QuantConfig::from_modules(&converted.quantized);
     let tie_word_embeddings = !converted.has_lm_head;
 
@@ -371,11 +392,38 @@ pub struct ConvertArgs {
     /// Replace the output folder if it already exists.
     #[arg(long)]
     pub force: bool,
+
+    /// Dtype of the floating-point arrays (quantization scales and biases,
+    /// norms). MLX computes in the dtype of the scales, and its CPU backend
+    /// multiplies half-precision quantized matrices about 35 times slower
+    /// than float32 ones (runs/2026-11-30_cpu-qmm-dtype), so float32 is the
+    /// default; use `keep` for the GGUF's own (float16 scales), e.g. on Metal.
+    #[arg(long, value_enum, default_value = "float32")]
+    pub dtype: DtypeArg,
+}
+
+/// `--dtype` of `decisio convert`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DtypeArg {
+    Keep,
+    Float32,
+    Float16,
+    Bfloat16,
 }
 
 /// Runs `decisio convert` and prints a short report.
 pub fn run(args: ConvertArgs) -> anyhow::Result<()> {
-    let report = convert_gguf_with(&args.gguf, &args.out, &ConvertOptions { force: args.force })?;
+    let float_dtype = match args.dtype {
+        DtypeArg::Keep => None,
+        DtypeArg::Float32 => Some(FloatDtype::Float32),
+        DtypeArg::Float16 => Some(FloatDtype::Float16),
+        DtypeArg::Bfloat16 => Some(FloatDtype::Bfloat16),
+    };
+    let options = ConvertOptions {
+        force: args.force,
+        float_dtype,
+    };
+    let report = convert_gguf_with(&args.gguf, &args.out, &options)?;
     println!("{report}");
     Ok(())
 }

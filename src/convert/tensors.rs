@@ -212,6 +212,7 @@ pub(crate) fn convert(
     file: &GgufFile,
     header: &Header,
     params: &LlamaParams,
+    float_dtype: Option<super::FloatDtype>,
 ) -> Result<Converted, ConvertError> {
     let mut arrays = BTreeMap::new();
     let mut quantized = BTreeMap::new();
@@ -289,6 +290,12 @@ pub(crate) fn convert(
         }
 
         for (suffix, array) in parts {
+            let array = match float_dtype {
+                Some(d) if array.dtype().is_float() && array.dtype() != d.mlx() => array
+                    .as_dtype(d.mlx())
+                    .map_err(mlx_error("casting to the requested dtype"))?,
+                _ => array,
+            };
             arrays.insert(format!("{hf}.{suffix}"), array);
         }
         seen.push(module.to_owned());

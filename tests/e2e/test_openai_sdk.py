@@ -1,8 +1,9 @@
 """The official OpenAI Python SDK against a real decisio server."""
 
+import json
 import math
+import urllib.request
 
-import httpx
 import openai
 import pytest
 
@@ -82,8 +83,11 @@ def test_completions_text_and_tokens(client, server):
     lp = r.choices[0].logprobs
     assert len(lp.tokens) == r.usage.completion_tokens
     assert all(len(t) == 3 for t in lp.top_logprobs)
-    ids = httpx.post(server + "/tokenize", json={"prompt": "The capital of France is"},
-                     headers={"Authorization": f"Bearer {API_KEY}"}).json()
+    req = urllib.request.Request(
+        server + "/tokenize", data=json.dumps({"prompt": "The capital of France is"}).encode(),
+        headers={"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"})
+    with urllib.request.urlopen(req) as resp:
+        ids = json.load(resp)
     r2 = client.completions.create(model="smollm2", prompt=ids["tokens"], max_tokens=5, temperature=0)
     assert r2.choices[0].text == r.choices[0].text
 

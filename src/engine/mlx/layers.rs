@@ -7,6 +7,19 @@ use mlx_rs::{fast, ops, Array};
 use super::loader::{Quant, Weights};
 use super::MlxResult;
 
+/// The dense matrix a quantized module stands for, evaluated once.
+fn dequantized(w: &Weights, name: &str, quant: Quant) -> MlxResult<Array> {
+    let dense = ops::dequantize(
+        w.take(&format!("{name}.weight"))?,
+        w.take(&format!("{name}.scales"))?,
+        &w.take(&format!("{name}.biases"))?,
+        quant.group_size,
+        quant.bits,
+    )?;
+    dense.eval()?;
+    Ok(dense)
+}
+
 /// `y = x W^T (+ b)`, with `W` dense or quantized (`weight`, `scales`,
 /// `biases` as MLX's affine quantization stores them).
 pub enum Linear {
@@ -29,6 +42,10 @@ impl Linear {
     pub fn load(w: &Weights, name: &str) -> MlxResult<Self> {
         let bias = w.optional(&format!("{name}.bias"));
         match w.quant(name) {
+            Some(quant) if w.dequantize => Ok(Linear::Dense {
+                weight: dequantized(w, name, quant)?,
+                bias,
+            }),
             Some(quant) => Ok(Linear::Quantized {
                 weight: w.take(&format!("{name}.weight"))?,
                 scales: w.take(&format!("{name}.scales"))?,
@@ -89,6 +106,9 @@ pub enum Embedding {
 impl Embedding {
     pub fn load(w: &Weights, name: &str) -> MlxResult<Self> {
         match w.quant(name) {
+            Some(quant) if w.dequantize => Ok(Embedding::Dense {
+                weight: dequantized(w, name, quant)?,
+            }),
             Some(quant) => Ok(Embedding::Quantized {
                 weight: w.take(&format!("{name}.weight"))?,
                 scales: w.take(&format!("{name}.scales"))?,

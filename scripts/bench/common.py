@@ -1,0 +1,109 @@
+"""Shared by the benchmarks: start servers on loopback, build real prompts,
+time requests, write run records."""
+
+import datetime
+import http.client
+import json
+import os
+import pathlib
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+CACHE = pathlib.Path(os.environ.get("DECISIO_CACHE", pathlib.Path.home() / ".cache/decisio"))
+ASSETS = pathlib.Path(os.environ.get("DECISIO_ASSETS", CACHE / "assets"))
+MODEL = pathlib.Path(os.environ.get("DECISIO_MODEL", CACHE / "models/smollm2-135m-instruct"))
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(port, proc, path="/health", limit=180):
+    deadline = time.time() + limit
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server on port {port} exited early")
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            c.request("GET", path)
+            if c.getresponse().status == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"server on port {port} did not become healthy")
+
+
+def start_decisio(model=MODEL, extra=()):
+    port = free_port()
+    proc = subprocess.Popen(
+        [str(ROOT / "target/release/decisio"), "serve", "--model", str(model),
+         "--served-model-name", "model", "--port", str(port), *extra],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_healthy(port, proc)
+    return proc, port
+
+
+def start_mlx_lm(model=MODEL):
+    port = free_port()
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlx_lm.server", "--model", str(model), "--port", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    wait_healthy(port, proc, path="/v1/models")
+    return proc, port
+
+
+def post(port, path, body):
+    """POSTs JSON on a fresh loopback connection; returns (seconds, parsed body)."""
+    data = json.dumps(body).encode()
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    t0 = time.perf_counter()
+    c.request("POST", path, data, {"Content-Type": "application/json"})
+    r = c.getresponse()
+    raw = r.read()
+    dt = time.perf_counter() - t0
+    if r.status != 200:
+        raise RuntimeError(f"{path} on port {port}: {r.status} {raw[:300]!r}")
+    return dt, json.loads(raw)
+
+
+def mmlu_rows(n=2000):
+    rows = []
+    with open(ASSETS / "mmlu.jsonl") as f:
+        for line in f:
+            row = json.loads(line)
+            if row.get("correct_answer") in ("A", "B", "C", "D"):
+                rows.append(row)
+            if len(rows) >= n:
+                break
+    return rows
+
+
+def question_text(row):
+    return row["question"].strip() + "\n" + "\n".join(
+        f"{k}. {row['answer_' + k.lower()]}" for k in "ABCD")
+
+
+def summarize(values):
+    return {"median": statistics.median(values), "min": min(values), "max": max(values),
+            "n": len(values)}
+
+
+def machine():
+    return {"platform": platform.platform(), "processor": platform.processor(),
+            "cpus": os.cpu_count(), "python": platform.python_version()}
+
+
+def run_dir(name):
+    day = datetime.date.today().isoformat()
+    d = ROOT / "runs" / f"{day}_{name}"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
