@@ -15,7 +15,11 @@ use decisio::server::{self, AppState};
 use decisio::settings::Limits;
 
 #[derive(Parser)]
-#[command(name = "decisio", version, about = "A calibrated decision engine behind an OpenAI-compatible API")]
+#[command(
+    name = "decisio",
+    version,
+    about = "A calibrated decision engine behind an OpenAI-compatible API"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -69,7 +73,7 @@ struct ServeArgs {
     #[arg(long, default_value_t = Limits::default().max_logprobs)]
     max_logprobs: usize,
     /// Jobs that may wait for the engine; more are answered 503.
-    #[arg(long, default_value_t = Limits::default().max_queue)]
+    #[arg(long, default_value_t = Limits::default().max_queue, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     max_queue: usize,
     /// Expand quantized weights into dense ones at load: `auto` does on the
     /// CPU (where MLX's quantized kernels are slow) and not on Metal.
@@ -103,7 +107,9 @@ fn resolve_model(spec: &str) -> Result<PathBuf> {
         if !org.is_empty() && !name.is_empty() && !name.contains('/') {
             let home = std::env::var_os("HF_HOME")
                 .map(PathBuf::from)
-                .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/huggingface")))
+                .or_else(|| {
+                    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/huggingface"))
+                })
                 .unwrap_or_default();
             let repo = home.join("hub").join(format!("models--{org}--{name}"));
             let revision = std::fs::read_to_string(repo.join("refs/main")).unwrap_or_default();
@@ -136,7 +142,10 @@ fn stop_token_ids(model: &Path, tokenizer: &TextTokenizer, template: &ChatTempla
             }
         }
     }
-    let eos = template.special_tokens().iter().find(|(name, _)| name == "eos_token");
+    let eos = template
+        .special_tokens()
+        .iter()
+        .find(|(name, _)| name == "eos_token");
     if let Some((_, token)) = eos {
         ids.extend(tokenizer.token_to_id(token));
     }
@@ -178,7 +187,13 @@ fn serve(args: ServeArgs) -> Result<()> {
         )?),
     };
     let stops = stop_token_ids(&model_dir, &tokenizer, &template);
-    let route = Arc::new(TextRoute::new(engine, tokenizer, template, stops, limits.clone()));
+    let route = Arc::new(TextRoute::new(
+        engine,
+        tokenizer,
+        template,
+        stops,
+        limits.clone(),
+    ));
     let state = AppState::new(
         route,
         args.served_model_name.unwrap_or_else(|| args.model.clone()),

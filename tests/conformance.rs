@@ -37,7 +37,10 @@ fn compare(options: LoadOptions, max_prompts: usize, tolerance: f32) {
     let model = MlxModel::load_with(&common::model_dir(), options).expect("load the fixture");
     let reference = reference();
     let prompts = reference.keys().filter(|k| k.starts_with("ids_")).count();
-    assert!(prompts >= 20, "the reference holds {prompts} prompts; expected at least 20");
+    assert!(
+        prompts >= 20,
+        "the reference holds {prompts} prompts; expected at least 20"
+    );
     let mut worst = 0f32;
     for i in 0..prompts.min(max_prompts) {
         let ids: Vec<u32> = reference[&format!("ids_{i}")]
@@ -56,7 +59,11 @@ fn compare(options: LoadOptions, max_prompts: usize, tolerance: f32) {
         let argmax = |v: &[f32]| decisio::engine::mlx::sample::argmax(v);
         println!("prompt {i}: {} tokens, max |diff| {diff:.3e}", ids.len());
         assert_eq!(argmax(&got), argmax(&want), "argmax differs on prompt {i}");
-        assert!(diff <= tolerance, "prompt {i} ({} tokens): max |diff| {diff}", ids.len());
+        assert!(
+            diff <= tolerance,
+            "prompt {i} ({} tokens): max |diff| {diff}",
+            ids.len()
+        );
         worst = worst.max(diff);
     }
     println!(

@@ -138,7 +138,10 @@ fn converts_smollm2_into_a_complete_folder() {
     convert_gguf_with(&gguf, &out, &options).unwrap();
     assert!(!out.join("stale.txt").exists());
     let wide = Array::load_safetensors(out.join("model.safetensors")).unwrap();
-    for name in ["model.layers.3.mlp.up_proj.scales", "model.embed_tokens.biases"] {
+    for name in [
+        "model.layers.3.mlp.up_proj.scales",
+        "model.embed_tokens.biases",
+    ] {
         assert_eq!(wide[name].dtype(), Dtype::Float32, "{name}");
         let a = half[name].as_dtype(Dtype::Float32).unwrap();
         assert_eq!(a.as_slice::<f32>(), wide[name].as_slice::<f32>(), "{name}");

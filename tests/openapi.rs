@@ -6,15 +6,24 @@ use std::collections::BTreeSet;
 use serde_yaml_ng::Value;
 
 /// The keys of an OpenAPI path item that are operations.
-const METHODS: &[&str] = &["get", "put", "post", "delete", "options", "head", "patch", "trace"];
+const METHODS: &[&str] = &[
+    "get", "put", "post", "delete", "options", "head", "patch", "trace",
+];
 
 const SPEC: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/openapi/openapi.yaml");
 
 fn spec() -> Value {
     let text = std::fs::read_to_string(SPEC).unwrap_or_else(|e| panic!("cannot read {SPEC}: {e}"));
-    let spec: Value = serde_yaml_ng::from_str(&text).unwrap_or_else(|e| panic!("{SPEC} is not valid YAML: {e}"));
-    let version = spec.get("openapi").and_then(Value::as_str).unwrap_or_default();
-    assert!(version.starts_with("3.1."), "{SPEC}: `openapi` is `{version}`; expected 3.1.x");
+    let spec: Value =
+        serde_yaml_ng::from_str(&text).unwrap_or_else(|e| panic!("{SPEC} is not valid YAML: {e}"));
+    let version = spec
+        .get("openapi")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    assert!(
+        version.starts_with("3.1."),
+        "{SPEC}: `openapi` is `{version}`; expected 3.1.x"
+    );
     spec
 }
 
@@ -26,7 +35,9 @@ fn operations(spec: &Value) -> Vec<(String, String, &Value)> {
         .unwrap_or_else(|| panic!("{SPEC}: `paths` is missing or not a mapping"));
     let mut ops = Vec::new();
     for (path, item) in paths {
-        let path = path.as_str().unwrap_or_else(|| panic!("{SPEC}: a path key is not a string: {path:?}"));
+        let path = path
+            .as_str()
+            .unwrap_or_else(|| panic!("{SPEC}: a path key is not a string: {path:?}"));
         let item = item
             .as_mapping()
             .unwrap_or_else(|| panic!("{SPEC}: the path item of {path} is not a mapping"));

@@ -160,9 +160,7 @@ impl GenerationStream {
             }
             let Some(event) = self.events.recv().await else {
                 self.done = true;
-                return Some(Err(RouteError::Engine(
-                    crate::engine::EngineError::Stopped,
-                )));
+                return Some(Err(RouteError::Engine(crate::engine::EngineError::Stopped)));
             };
             let event = match event {
                 Ok(e) => e,

@@ -27,9 +27,13 @@ pub enum RouteError {
         message: String,
         param: Option<String>,
     },
-    /// Prompt plus completion do not fit the model's context.
-    #[error("{0}")]
-    ContextLength(String),
+    /// Prompt plus completion do not fit the model's context; `param` is
+    /// the field to change.
+    #[error("{message}")]
+    ContextLength {
+        message: String,
+        param: &'static str,
+    },
     #[error(transparent)]
     Engine(#[from] EngineError),
 }
@@ -56,6 +60,8 @@ pub struct GenerationParams {
     pub prompt_logprobs: Option<usize>,
     /// Keep generating past the end-of-sequence token.
     pub ignore_eos: bool,
+    /// The request field that carries the prompt, named in errors.
+    pub prompt_field: &'static str,
 }
 
 /// The route over one model.
@@ -133,25 +139,34 @@ impl TextRoute {
     ) -> Result<GenerationStream, RouteError> {
         let context = self.context_length();
         if prompt.is_empty() {
-            return Err(RouteError::invalid("prompt", "the prompt is empty"));
+            return Err(RouteError::invalid(
+                params.prompt_field,
+                "the prompt is empty",
+            ));
         }
         if prompt.len() >= context {
-            return Err(RouteError::ContextLength(format!(
-                "This model's maximum context length is {context} tokens. However, your prompt \
-                 has {} tokens; shorten it so that at least one token can be generated.",
-                prompt.len()
-            )));
+            return Err(RouteError::ContextLength {
+                message: format!(
+                    "This model's maximum context length is {context} tokens. However, your \
+                     prompt has {} tokens; shorten it so that at least one token can be generated.",
+                    prompt.len()
+                ),
+                param: params.prompt_field,
+            });
         }
         let room = context - prompt.len();
         let max_tokens = match params.max_tokens {
             Some(n) if n > room => {
-                return Err(RouteError::ContextLength(format!(
-                    "This model's maximum context length is {context} tokens. However, you \
-                     requested {} tokens ({} in the prompt, {n} for the completion). Lower \
-                     max_tokens or shorten the prompt.",
-                    prompt.len() + n,
-                    prompt.len()
-                )))
+                return Err(RouteError::ContextLength {
+                    message: format!(
+                        "This model's maximum context length is {context} tokens. However, you \
+                         requested {} tokens ({} in the prompt, {n} for the completion). Lower \
+                         max_tokens or shorten the prompt.",
+                        prompt.len() + n,
+                        prompt.len()
+                    ),
+                    param: "max_tokens",
+                })
             }
             Some(n) => n,
             None => room,
@@ -168,6 +183,11 @@ impl TextRoute {
                 self.stop_token_ids.clone()
             },
         })?;
-        Ok(GenerationStream::new(self.clone(), events, prompt, params.stop))
+        Ok(GenerationStream::new(
+            self.clone(),
+            events,
+            prompt,
+            params.stop,
+        ))
     }
 }

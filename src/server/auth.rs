@@ -34,7 +34,10 @@ pub async fn require_api_key(
                 .headers()
                 .get("authorization")
                 .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")));
+                .and_then(|v| {
+                    let (scheme, key) = v.split_once(' ')?;
+                    scheme.eq_ignore_ascii_case("bearer").then_some(key)
+                });
             let error = match given {
                 None => Some("No API key was given: send `Authorization: Bearer <key>`."),
                 Some(k) if !keys_match(k.trim(), &expected) => {

@@ -6,7 +6,7 @@ use serde::de::DeserializeOwned;
 
 use super::error::ApiError;
 
-/// Bodies over the limit are still read (and dropped) up to this many times
+/// Bodies over the limit are still read (and dropped as they arrive) up to this many times
 /// the limit, so the client receives the 413 instead of a reset connection.
 const DRAIN_FACTOR: usize = 4;
 
@@ -25,13 +25,18 @@ pub async fn read_json<T: DeserializeOwned>(
     }
     let mut body = web::BytesMut::new();
     let mut over = false;
+    let mut read = 0usize;
     while let Some(chunk) = payload.next().await {
-        let chunk = chunk.map_err(|e| ApiError::bad_request(None, format!("cannot read the body: {e}")))?;
-        if over || body.len() + chunk.len() > limit {
+        let chunk =
+            chunk.map_err(|e| ApiError::bad_request(None, format!("cannot read the body: {e}")))?;
+        read += chunk.len();
+        if read > limit {
+            // Read on (without keeping it) so the client gets the 413.
             over = true;
-            if body.len() + chunk.len() > limit.saturating_mul(DRAIN_FACTOR) {
+            if read > limit.saturating_mul(DRAIN_FACTOR) {
                 break;
             }
+            continue;
         }
         body.extend_from_slice(&chunk);
     }
@@ -44,7 +49,10 @@ pub async fn read_json<T: DeserializeOwned>(
 /// Parses a body, naming the field at fault.
 pub fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     if body.is_empty() {
-        return Err(ApiError::bad_request(None, "the request body is empty; send a JSON object"));
+        return Err(ApiError::bad_request(
+            None,
+            "the request body is empty; send a JSON object",
+        ));
     }
     let mut de = serde_json::Deserializer::from_slice(body);
     let result: Result<T, _> = serde_path_to_error::deserialize(&mut de);

@@ -17,13 +17,18 @@ pub enum ApiError {
         param: Option<String>,
     },
     /// 400 with code `context_length_exceeded`.
-    #[error("{0}")]
-    ContextLength(String),
+    #[error("{message}")]
+    ContextLength {
+        message: String,
+        param: &'static str,
+    },
     /// 401: no API key, or the wrong one.
     #[error("{0}")]
     Unauthorized(String),
     /// 404: a model this server does not serve.
-    #[error("The model `{0}` does not exist on this server; GET /v1/models lists the one it serves.")]
+    #[error(
+        "The model `{0}` does not exist on this server; GET /v1/models lists the one it serves."
+    )]
     ModelNotFound(String),
     /// 404: no such route.
     #[error("{0}")]
@@ -83,7 +88,7 @@ impl ApiError {
 
     fn code(&self) -> Option<&'static str> {
         Some(match self {
-            ApiError::ContextLength(_) => "context_length_exceeded",
+            ApiError::ContextLength { .. } => "context_length_exceeded",
             ApiError::Unauthorized(_) => "invalid_api_key",
             ApiError::ModelNotFound(_) => "model_not_found",
             ApiError::PayloadTooLarge(_) => "request_too_large",
@@ -95,7 +100,7 @@ impl ApiError {
     fn param(&self) -> Option<&str> {
         match self {
             ApiError::BadRequest { param, .. } => param.as_deref(),
-            ApiError::ContextLength(_) => Some("messages"),
+            ApiError::ContextLength { param, .. } => Some(param),
             ApiError::ModelNotFound(_) => Some("model"),
             _ => None,
         }
@@ -118,7 +123,7 @@ impl ApiError {
 impl ResponseError for ApiError {
     fn status_code(&self) -> StatusCode {
         match self {
-            ApiError::BadRequest { .. } | ApiError::ContextLength(_) => StatusCode::BAD_REQUEST,
+            ApiError::BadRequest { .. } | ApiError::ContextLength { .. } => StatusCode::BAD_REQUEST,
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             ApiError::ModelNotFound(_) | ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
@@ -160,7 +165,9 @@ impl From<RouteError> for ApiError {
     fn from(e: RouteError) -> Self {
         match e {
             RouteError::Invalid { message, param } => ApiError::BadRequest { message, param },
-            RouteError::ContextLength(m) => ApiError::ContextLength(m),
+            RouteError::ContextLength { message, param } => {
+                ApiError::ContextLength { message, param }
+            }
             RouteError::Engine(e) => e.into(),
         }
     }

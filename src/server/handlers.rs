@@ -145,7 +145,11 @@ pub async fn chat_completions(
     state.check_model(body.model.as_deref())?;
     let job = validate::chat(&body, &state.limits)?;
     let route = &state.route;
-    let text = route.render_chat(&job.messages, job.add_generation_prompt, &job.template_kwargs)?;
+    let text = route.render_chat(
+        &job.messages,
+        job.add_generation_prompt,
+        &job.template_kwargs,
+    )?;
     let prompt = route.tokenize(&text, false)?;
     let want_logprobs = job.params.logprobs.is_some();
     let mut stream = route.generate(prompt, job.params)?;
@@ -154,14 +158,15 @@ pub async fn chat_completions(
     let model = state.model_name.clone();
 
     if body.stream {
-        let chunk = move |choices: Vec<ChatChunkChoice>, usage: Option<Usage>| ChatCompletionChunk {
-            id: id.clone(),
-            object: "chat.completion.chunk",
-            created,
-            model: model.clone(),
-            choices,
-            usage,
-        };
+        let chunk =
+            move |choices: Vec<ChatChunkChoice>, usage: Option<Usage>| ChatCompletionChunk {
+                id: id.clone(),
+                object: "chat.completion.chunk",
+                created,
+                model: model.clone(),
+                choices,
+                usage,
+            };
         let include_usage = job.include_usage;
         let first = sse(&chunk(
             vec![ChatChunkChoice {
@@ -251,7 +256,11 @@ pub async fn chat_completions(
             }
             Some(Ok(Output::Prompt(_))) => {}
             Some(Err(e)) => return Err(e.into()),
-            None => return Err(ApiError::Internal("the generation ended without a result".into())),
+            None => {
+                return Err(ApiError::Internal(
+                    "the generation ended without a result".into(),
+                ))
+            }
         }
     }
 }
@@ -273,7 +282,7 @@ impl CompletionLogprobBuilder {
     fn push(&mut self, t: &TokenOutput) {
         self.lp.tokens.push(t.choice.text.clone());
         self.lp.text_offset.push(self.offset);
-        self.offset += t.choice.text.len();
+        self.offset += t.choice.text.chars().count();
         if t.has_logprob {
             self.lp.token_logprobs.push(Some(t.choice.logprob));
             let mut top = Map::new();
@@ -325,7 +334,10 @@ pub async fn completions(
     let id = new_id("cmpl");
     let created = unix_now();
     let model = state.model_name.clone();
-    let response = move |text: String, logprobs: Option<CompletionLogprobs>, finish: Option<&'static str>, usage: Option<Usage>| Completion {
+    let response = move |text: String,
+                         logprobs: Option<CompletionLogprobs>,
+                         finish: Option<&'static str>,
+                         usage: Option<Usage>| Completion {
         id: id.clone(),
         object: "text_completion",
         created,
@@ -346,43 +358,63 @@ pub async fn completions(
     if body.stream {
         let include_usage = job.include_usage;
         let mut echo_pending = echo;
-        return Ok(event_stream(stream, (builder, echoed), move |(builder, echoed), output| {
-            let mut out = Vec::new();
-            match output {
-                Output::Prompt(tokens) => {
-                    tokens.iter().for_each(|t| builder.push(t));
-                }
-                Output::Delta { text, tokens } => {
-                    let mut text = text;
-                    if echo_pending {
-                        echo_pending = false;
-                        text = std::mem::take(echoed) + &text;
+        return Ok(event_stream(
+            stream,
+            (builder, echoed),
+            move |(builder, echoed), output| {
+                let mut out = Vec::new();
+                match output {
+                    Output::Prompt(tokens) => {
+                        tokens.iter().for_each(|t| builder.push(t));
                     }
-                    tokens.iter().for_each(|t| builder.push(t));
-                    out.push(sse(&response(text, want_logprobs.then(|| builder.take()), None, None)));
-                }
-                Output::Done {
-                    finish_reason,
-                    prompt_tokens,
-                    completion_tokens,
-                } => {
-                    let text = if echo_pending {
-                        echo_pending = false;
-                        std::mem::take(echoed)
-                    } else {
-                        String::new()
-                    };
-                    let logprobs = (want_logprobs && !builder.lp.tokens.is_empty()).then(|| builder.take());
-                    out.push(sse(&response(text, logprobs, Some(finish_reason.as_str()), None)));
-                    if include_usage {
-                        let mut last = response(String::new(), None, None, Some(Usage::new(prompt_tokens, completion_tokens)));
-                        last.choices.clear();
-                        out.push(sse(&last));
+                    Output::Delta { text, tokens } => {
+                        let mut text = text;
+                        if echo_pending {
+                            echo_pending = false;
+                            text = std::mem::take(echoed) + &text;
+                        }
+                        tokens.iter().for_each(|t| builder.push(t));
+                        out.push(sse(&response(
+                            text,
+                            want_logprobs.then(|| builder.take()),
+                            None,
+                            None,
+                        )));
+                    }
+                    Output::Done {
+                        finish_reason,
+                        prompt_tokens,
+                        completion_tokens,
+                    } => {
+                        let text = if echo_pending {
+                            echo_pending = false;
+                            std::mem::take(echoed)
+                        } else {
+                            String::new()
+                        };
+                        let logprobs = (want_logprobs && !builder.lp.tokens.is_empty())
+                            .then(|| builder.take());
+                        out.push(sse(&response(
+                            text,
+                            logprobs,
+                            Some(finish_reason.as_str()),
+                            None,
+                        )));
+                        if include_usage {
+                            let mut last = response(
+                                String::new(),
+                                None,
+                                None,
+                                Some(Usage::new(prompt_tokens, completion_tokens)),
+                            );
+                            last.choices.clear();
+                            out.push(sse(&last));
+                        }
                     }
                 }
-            }
-            out
-        }));
+                out
+            },
+        ));
     }
 
     loop {
@@ -406,7 +438,11 @@ pub async fn completions(
                 )));
             }
             Some(Err(e)) => return Err(e.into()),
-            None => return Err(ApiError::Internal("the generation ended without a result".into())),
+            None => {
+                return Err(ApiError::Internal(
+                    "the generation ended without a result".into(),
+                ))
+            }
         }
     }
 }

@@ -7,6 +7,11 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+/// OpenAI's schemas allow `null` for optional booleans: read it as `false`.
+fn null_is_false<'de, D: serde::Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+    Ok(Option::<bool>::deserialize(d)?.unwrap_or(false))
+}
+
 /// `stop`: one string or a list.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(untagged)]
@@ -18,7 +23,7 @@ pub enum StopSpec {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StreamOptions {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_false")]
     pub include_usage: bool,
 }
 
@@ -32,12 +37,12 @@ pub struct ChatCompletionRequest {
     pub temperature: Option<f64>,
     pub top_p: Option<f64>,
     pub n: Option<i64>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_false")]
     pub stream: bool,
     pub stream_options: Option<StreamOptions>,
     pub stop: Option<StopSpec>,
     pub seed: Option<i64>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_false")]
     pub logprobs: bool,
     pub top_logprobs: Option<i64>,
     pub presence_penalty: Option<f64>,
@@ -51,7 +56,7 @@ pub struct ChatCompletionRequest {
     /// (`enable_thinking`, ...).
     pub chat_template_kwargs: Option<Map<String, Value>>,
     pub add_generation_prompt: Option<bool>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_false")]
     pub ignore_eos: bool,
 }
 
@@ -74,13 +79,13 @@ pub struct CompletionRequest {
     pub temperature: Option<f64>,
     pub top_p: Option<f64>,
     pub n: Option<i64>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_false")]
     pub stream: bool,
     pub stream_options: Option<StreamOptions>,
     pub stop: Option<StopSpec>,
     pub seed: Option<i64>,
     pub logprobs: Option<i64>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_false")]
     pub echo: bool,
     pub presence_penalty: Option<f64>,
     pub frequency_penalty: Option<f64>,
@@ -88,7 +93,7 @@ pub struct CompletionRequest {
     pub best_of: Option<i64>,
     pub suffix: Option<String>,
     pub user: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_false")]
     pub ignore_eos: bool,
 }
 
@@ -102,7 +107,7 @@ pub struct TokenizeRequest {
     pub add_special_tokens: Option<bool>,
     pub add_generation_prompt: Option<bool>,
     pub chat_template_kwargs: Option<Map<String, Value>>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_false")]
     pub return_token_strs: bool,
 }
 

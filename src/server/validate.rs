@@ -35,7 +35,10 @@ fn float_in(value: f64, lo: f64, hi: f64, param: &str) -> Result<f32, ApiError> 
 /// Features the server does not implement are refused rather than ignored.
 fn unsupported<T>(value: &Option<T>, param: &str, why: &str) -> Result<(), ApiError> {
     if value.is_some() {
-        return Err(ApiError::invalid(param, format!("`{param}` is not supported: {why}")));
+        return Err(ApiError::invalid(
+            param,
+            format!("`{param}` is not supported: {why}"),
+        ));
     }
     Ok(())
 }
@@ -43,7 +46,7 @@ fn unsupported<T>(value: &Option<T>, param: &str, why: &str) -> Result<(), ApiEr
 fn zero_penalty(value: Option<f64>, param: &str) -> Result<(), ApiError> {
     match value {
         None => Ok(()),
-        Some(v) if v == 0.0 => Ok(()),
+        Some(0.0) => Ok(()),
         Some(v) => Err(ApiError::invalid(
             param,
             format!("`{param}` is not supported (only 0); got {v}"),
@@ -51,7 +54,11 @@ fn zero_penalty(value: Option<f64>, param: &str) -> Result<(), ApiError> {
     }
 }
 
-fn sampling(temperature: Option<f64>, top_p: Option<f64>, seed: Option<i64>) -> Result<Sampling, ApiError> {
+fn sampling(
+    temperature: Option<f64>,
+    top_p: Option<f64>,
+    seed: Option<i64>,
+) -> Result<Sampling, ApiError> {
     Ok(Sampling {
         temperature: temperature.map_or(Ok(1.0), |t| float_in(t, 0.0, 2.0, "temperature"))?,
         top_p: match top_p {
@@ -77,17 +84,27 @@ fn stops(stop: &Option<StopSpec>, limits: &Limits) -> Result<Vec<String>, ApiErr
     if list.len() > limits.max_stop {
         return Err(ApiError::invalid(
             "stop",
-            format!("at most {} stop sequences are allowed; got {}", limits.max_stop, list.len()),
+            format!(
+                "at most {} stop sequences are allowed; got {}",
+                limits.max_stop,
+                list.len()
+            ),
         ));
     }
     for s in &list {
         if s.is_empty() {
-            return Err(ApiError::invalid("stop", "stop sequences must not be empty"));
+            return Err(ApiError::invalid(
+                "stop",
+                "stop sequences must not be empty",
+            ));
         }
         if s.len() > limits.max_stop_bytes {
             return Err(ApiError::invalid(
                 "stop",
-                format!("a stop sequence may be at most {} bytes long", limits.max_stop_bytes),
+                format!(
+                    "a stop sequence may be at most {} bytes long",
+                    limits.max_stop_bytes
+                ),
             ));
         }
     }
@@ -149,7 +166,10 @@ fn flatten_content(content: &Value, i: usize) -> Result<Value, ApiError> {
 /// Checks chat messages and returns them as the template takes them.
 pub fn messages(messages: &[Value]) -> Result<Vec<Value>, ApiError> {
     if messages.is_empty() {
-        return Err(ApiError::invalid("messages", "`messages` must not be empty"));
+        return Err(ApiError::invalid(
+            "messages",
+            "`messages` must not be empty",
+        ));
     }
     messages
         .iter()
@@ -187,10 +207,17 @@ pub fn chat(req: &ChatCompletionRequest, limits: &Limits) -> Result<ChatJob, Api
     zero_penalty(req.presence_penalty, "presence_penalty")?;
     zero_penalty(req.frequency_penalty, "frequency_penalty")?;
     if req.logit_bias.as_ref().is_some_and(|m| !m.is_empty()) {
-        return Err(ApiError::invalid("logit_bias", "`logit_bias` is not supported"));
+        return Err(ApiError::invalid(
+            "logit_bias",
+            "`logit_bias` is not supported",
+        ));
     }
     unsupported(&req.tools, "tools", "this server does not call tools")?;
-    unsupported(&req.tool_choice, "tool_choice", "this server does not call tools")?;
+    unsupported(
+        &req.tool_choice,
+        "tool_choice",
+        "this server does not call tools",
+    )?;
     if let Some(format) = &req.response_format {
         if format.get("type").and_then(Value::as_str) != Some("text") {
             return Err(ApiError::invalid(
@@ -207,7 +234,12 @@ pub fn chat(req: &ChatCompletionRequest, limits: &Limits) -> Result<ChatJob, Api
             ))
         }
         (false, None) => None,
-        (true, k) => Some(int_in(k.unwrap_or(0), 0, limits.max_logprobs as i64, "top_logprobs")? as usize),
+        (true, k) => Some(int_in(
+            k.unwrap_or(0),
+            0,
+            limits.max_logprobs as i64,
+            "top_logprobs",
+        )? as usize),
     };
     if req.max_tokens.is_some() && req.max_completion_tokens.is_some() {
         return Err(ApiError::invalid(
@@ -218,7 +250,10 @@ pub fn chat(req: &ChatCompletionRequest, limits: &Limits) -> Result<ChatJob, Api
     let max = max_tokens(req.max_completion_tokens, "max_completion_tokens")?
         .or(max_tokens(req.max_tokens, "max_tokens")?);
     if req.stream_options.is_some() && !req.stream {
-        return Err(ApiError::invalid("stream_options", "`stream_options` needs `stream: true`"));
+        return Err(ApiError::invalid(
+            "stream_options",
+            "`stream_options` needs `stream: true`",
+        ));
     }
     Ok(ChatJob {
         messages: messages(&req.messages)?,
@@ -231,6 +266,7 @@ pub fn chat(req: &ChatCompletionRequest, limits: &Limits) -> Result<ChatJob, Api
             logprobs,
             prompt_logprobs: None,
             ignore_eos: req.ignore_eos,
+            prompt_field: "messages",
         },
         include_usage: req.stream_options.as_ref().is_some_and(|o| o.include_usage),
     })
@@ -266,17 +302,25 @@ pub fn completion(req: &CompletionRequest, limits: &Limits) -> Result<Completion
     zero_penalty(req.presence_penalty, "presence_penalty")?;
     zero_penalty(req.frequency_penalty, "frequency_penalty")?;
     if req.logit_bias.as_ref().is_some_and(|m| !m.is_empty()) {
-        return Err(ApiError::invalid("logit_bias", "`logit_bias` is not supported"));
+        return Err(ApiError::invalid(
+            "logit_bias",
+            "`logit_bias` is not supported",
+        ));
     }
     if req.best_of.is_some_and(|b| b != 1) {
-        return Err(ApiError::invalid("best_of", "only best_of = 1 is supported"));
+        return Err(ApiError::invalid(
+            "best_of",
+            "only best_of = 1 is supported",
+        ));
     }
     unsupported(&req.suffix, "suffix", "insertion is not supported")?;
     let prompt = match &req.prompt {
         PromptSpec::Text(t) => PromptInput::Text(t.clone()),
         PromptSpec::Tokens(ids) => PromptInput::Tokens(token_ids(ids, "prompt")?),
         PromptSpec::TextBatch(v) if v.len() == 1 => PromptInput::Text(v[0].clone()),
-        PromptSpec::TokensBatch(v) if v.len() == 1 => PromptInput::Tokens(token_ids(&v[0], "prompt")?),
+        PromptSpec::TokensBatch(v) if v.len() == 1 => {
+            PromptInput::Tokens(token_ids(&v[0], "prompt")?)
+        }
         _ => {
             return Err(ApiError::invalid(
                 "prompt",
@@ -289,7 +333,10 @@ pub fn completion(req: &CompletionRequest, limits: &Limits) -> Result<Completion
         .map(|k| int_in(k, 0, limits.max_logprobs as i64, "logprobs").map(|k| k as usize))
         .transpose()?;
     if req.stream_options.is_some() && !req.stream {
-        return Err(ApiError::invalid("stream_options", "`stream_options` needs `stream: true`"));
+        return Err(ApiError::invalid(
+            "stream_options",
+            "`stream_options` needs `stream: true`",
+        ));
     }
     let max = match req.max_tokens {
         // The legacy API's default.
@@ -307,6 +354,7 @@ pub fn completion(req: &CompletionRequest, limits: &Limits) -> Result<Completion
             logprobs,
             prompt_logprobs: if req.echo { logprobs } else { None },
             ignore_eos: req.ignore_eos,
+            prompt_field: "prompt",
         },
         include_usage: req.stream_options.as_ref().is_some_and(|o| o.include_usage),
     })

@@ -50,23 +50,47 @@ pub struct Server {
 
 impl Server {
     pub fn start(extra: &[&str]) -> Server {
-        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let server = Self::spawn(extra);
+        server.wait_ready(Duration::from_secs(120));
+        server
+    }
+
+    /// Starts the process and returns once the port answers (the model may
+    /// still be loading).
+    pub fn spawn(extra: &[&str]) -> Server {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
         let model = model_dir();
         let child = Command::new(env!("CARGO_BIN_EXE_decisio"))
             .args(["serve", "--model"])
             .arg(&model)
-            .args(["--served-model-name", "smollm2", "--port", &port.to_string()])
+            .args([
+                "--served-model-name",
+                "smollm2",
+                "--port",
+                &port.to_string(),
+            ])
             .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
             .expect("start decisio serve");
         let server = Server { child, port };
-        server.wait_ready(Duration::from_secs(120));
+        let start = Instant::now();
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "the server never opened its port"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
         server
     }
 
-    fn wait_ready(&self, limit: Duration) {
+    pub fn wait_ready(&self, limit: Duration) {
         let start = Instant::now();
         while start.elapsed() < limit {
             if let Ok(r) = self.request("GET", "/health", &[], None) {
@@ -89,12 +113,16 @@ impl Server {
     ) -> std::io::Result<Response> {
         let mut stream = TcpStream::connect(("127.0.0.1", self.port))?;
         stream.set_read_timeout(Some(Duration::from_secs(120)))?;
-        let mut head = format!("{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n");
+        let mut head =
+            format!("{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n");
         for (k, v) in headers {
             head.push_str(&format!("{k}: {v}\r\n"));
         }
         if let Some(b) = body {
-            head.push_str(&format!("Content-Type: application/json\r\nContent-Length: {}\r\n", b.len()));
+            head.push_str(&format!(
+                "Content-Type: application/json\r\nContent-Length: {}\r\n",
+                b.len()
+            ));
         }
         head.push_str("\r\n");
         stream.write_all(head.as_bytes())?;
@@ -143,7 +171,11 @@ impl Server {
         } else {
             reader.read_to_end(&mut body)?;
         }
-        Ok(Response { status, headers, body })
+        Ok(Response {
+            status,
+            headers,
+            body,
+        })
     }
 
     pub fn post_json(&self, path: &str, body: &serde_json::Value) -> Response {
@@ -167,9 +199,8 @@ pub struct Response {
 
 impl Response {
     pub fn json(&self) -> serde_json::Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
-            panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body))
-        })
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
     }
 
     pub fn text(&self) -> String {
@@ -177,6 +208,9 @@ impl Response {
     }
 
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
     }
 }

@@ -140,9 +140,10 @@ fn shard_files(dir: &Path) -> MlxResult<Vec<PathBuf>> {
             .map_err(|e| MlxError::Config(format!("cannot read {}: {e}", index.display())))?;
         let v: Value = serde_json::from_str(&text)
             .map_err(|e| MlxError::Config(format!("{} is not valid JSON: {e}", index.display())))?;
-        let map = v.get("weight_map").and_then(Value::as_object).ok_or_else(|| {
-            MlxError::Config(format!("{} has no weight_map", index.display()))
-        })?;
+        let map = v
+            .get("weight_map")
+            .and_then(Value::as_object)
+            .ok_or_else(|| MlxError::Config(format!("{} has no weight_map", index.display())))?;
         let files: BTreeSet<&str> = map.values().filter_map(Value::as_str).collect();
         return Ok(files.into_iter().map(|f| dir.join(f)).collect());
     }

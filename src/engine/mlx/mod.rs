@@ -239,7 +239,10 @@ impl Engine for MlxEngine {
     }
 
     fn status(&self) -> EngineStatus {
-        self.status.lock().map(|s| s.clone()).unwrap_or(EngineStatus::Loading)
+        self.status
+            .lock()
+            .map(|s| s.clone())
+            .unwrap_or(EngineStatus::Loading)
     }
 
     fn queue_depth(&self) -> usize {
@@ -253,13 +256,16 @@ impl Engine for MlxEngine {
             EngineStatus::Failed(e) => return Err(EngineError::LoadFailed(e)),
         }
         let (events, rx) = mpsc::channel(64);
+        self.depth.fetch_add(1, Ordering::Relaxed);
         self.jobs
             .try_send(Job::Generate { request, events })
-            .map_err(|e| match e {
-                mpsc::error::TrySendError::Full(_) => EngineError::QueueFull(self.max_queue),
-                mpsc::error::TrySendError::Closed(_) => EngineError::Stopped,
+            .map_err(|e| {
+                self.depth.fetch_sub(1, Ordering::Relaxed);
+                match e {
+                    mpsc::error::TrySendError::Full(_) => EngineError::QueueFull(self.max_queue),
+                    mpsc::error::TrySendError::Closed(_) => EngineError::Stopped,
+                }
             })?;
-        self.depth.fetch_add(1, Ordering::Relaxed);
         Ok(rx)
     }
 }
@@ -327,7 +333,10 @@ fn generate(
     } else {
         model.prefill(&request.prompt, &mut cache, options.prefill_chunk)?
     };
-    let mut rng = request.sampling.seed.map_or_else(Rng::from_entropy, Rng::new);
+    let mut rng = request
+        .sampling
+        .seed
+        .map_or_else(Rng::from_entropy, Rng::new);
     for step in 0..request.max_tokens {
         if events.is_closed() {
             return Ok(());
@@ -380,7 +389,11 @@ fn prompt_logprobs(
             }
         }
         let n = h.shape()[1];
-        last = Some(ops::indexing::take_axis(&h, Array::from_slice(&[n - 1], &[1]), 1)?);
+        last = Some(ops::indexing::take_axis(
+            &h,
+            Array::from_slice(&[n - 1], &[1]),
+            1,
+        )?);
         cache.eval()?;
     }
     let last = last.ok_or_else(|| MlxError::Config("an empty prompt has no next token".into()))?;
