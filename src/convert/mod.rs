@@ -396,7 +396,7 @@ pub struct ConvertArgs {
     /// Dtype of the floating-point arrays (quantization scales and biases,
     /// norms). MLX computes in the dtype of the scales, and its CPU backend
     /// multiplies half-precision quantized matrices about 35 times slower
-    /// than float32 ones (runs/2026-11-30_cpu-qmm-dtype), so float32 is the
+    /// than float32 ones (runs/2026-11-30_cpu-kernels), so float32 is the
     /// default; use `keep` for the GGUF's own (float16 scales), e.g. on Metal.
     #[arg(long, value_enum, default_value = "float32")]
     pub dtype: DtypeArg,

@@ -41,11 +41,11 @@ pub type MlxResult<T> = Result<T, MlxError>;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LoadOptions {
     /// Expand quantized matrices into dense ones at load. MLX's CPU backend
-    /// multiplies quantized matrices with a kernel of its own, about 90 times
-    /// slower than a BLAS matrix product on the dense matrix (0.39 s against
-    /// 4.4 ms for 500x576 by 576x1536 here; docs/building.md), so on the CPU
-    /// the weights are dequantized once: the same values, more memory. On
-    /// Metal quantized kernels are fast and weights stay quantized.
+    /// multiplies quantized matrices with a kernel of its own, far slower
+    /// than an OpenBLAS product on the dense matrix
+    /// (runs/2026-11-30_cpu-kernels), so on the CPU the weights are
+    /// dequantized once: the same values, more memory. On Metal quantized
+    /// kernels are fast and weights stay quantized.
     pub dequantize: bool,
 }
 
