@@ -7,6 +7,10 @@ export DECISIO_ASSETS ?= $(DECISIO_CACHE)/assets
 export DECISIO_MODEL ?= $(DECISIO_CACHE)/models/smollm2-135m-instruct
 export DECISIO_REFERENCE_DIR ?= $(CURDIR)/target/reference
 PYTHON := $(DECISIO_CACHE)/venv/bin/python
+# mlx-lm's own dense copy of the fixture (the same weight values, on MLX's
+# fast dense CPU kernels) and the BLAS decisio links, for the references.
+DENSE_MODEL := $(DECISIO_CACHE)/models/smollm2-135m-instruct-dense
+OPENBLAS := $(wildcard /usr/lib/x86_64-linux-gnu/libopenblas.so.0)
 PORT ?= 8000
 
 .PHONY: setup serve test reference reference-logits cargo-test e2e lint bench
@@ -23,6 +27,8 @@ serve: setup
 # with `make reference-logits` after changing the fixture's conversion.)
 reference: setup
 	@mkdir -p $(DECISIO_REFERENCE_DIR)
+	@test -f $(DENSE_MODEL)/config.json || $(PYTHON) -m mlx_lm convert --hf-path $(DECISIO_MODEL) --mlx-path $(DENSE_MODEL) --dequantize >/dev/null
+	@LD_PRELOAD=$(OPENBLAS) $(PYTHON) scripts/reference/decisions.py $(DENSE_MODEL) $(DECISIO_REFERENCE_DIR)
 	@$(PYTHON) scripts/reference/prompts.py $(DECISIO_REFERENCE_DIR) $(DECISIO_MODEL) $(DECISIO_ASSETS)/qwen3 $(DECISIO_ASSETS)/gemma3
 
 reference-logits: setup
@@ -42,3 +48,5 @@ test: cargo-test e2e
 
 bench: setup
 	$(PYTHON) scripts/bench/first_token.py
+	$(PYTHON) scripts/bench/cpu_kernels.py
+	$(PYTHON) scripts/bench/decide.py

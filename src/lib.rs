@@ -13,6 +13,7 @@
 
 pub mod convert;
 pub mod engine;
+pub mod metrics;
 pub mod prompt;
 pub mod route;
 pub mod server;

@@ -9,8 +9,9 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use decisio::engine::mlx::{LoadOptions, MlxEngine, MlxOptions};
 use decisio::engine::{Engine, EngineStatus};
+use decisio::metrics::Metrics;
 use decisio::prompt::{ChatTemplate, TextTokenizer};
-use decisio::route::TextRoute;
+use decisio::route::{RouteConfig, TextRoute};
 use decisio::server::{self, AppState};
 use decisio::settings::Limits;
 
@@ -75,6 +76,13 @@ struct ServeArgs {
     /// Jobs that may wait for the engine; more are answered 503.
     #[arg(long, default_value_t = Limits::default().max_queue, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     max_queue: usize,
+    /// Prompt tokens per forward pass while reading a prompt or a state.
+    #[arg(long, default_value_t = Limits::default().prefill_chunk, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    prefill_chunk: usize,
+    /// Budget of the prefix cache (states kept across requests), in MiB; 0
+    /// turns it off.
+    #[arg(long, default_value_t = Limits::default().prefix_cache_mib)]
+    prefix_cache_mb: u64,
     /// Expand quantized weights into dense ones at load: `auto` does on the
     /// CPU (where MLX's quantized kernels are slow) and not on Metal.
     #[arg(long, value_enum, default_value = "auto")]
@@ -127,6 +135,18 @@ fn resolve_model(spec: &str) -> Result<PathBuf> {
     bail!("--model `{spec}` is not a folder; pass an MLX conversion folder")
 }
 
+/// A SHA-256 digest of files' contents (absent files count as empty).
+fn file_digest(paths: &[PathBuf]) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for p in paths {
+        let bytes = std::fs::read(p).unwrap_or_default();
+        h.update((bytes.len() as u64).to_le_bytes());
+        h.update(&bytes);
+    }
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// Token ids that end a generation: generation_config.json's eos_token_id
 /// (a number or a list) and the tokenizer's eos token.
 fn stop_token_ids(model: &Path, tokenizer: &TextTokenizer, template: &ChatTemplate) -> Vec<u32> {
@@ -168,8 +188,10 @@ fn serve(args: ServeArgs) -> Result<()> {
         max_logprobs: args.max_logprobs,
         max_queue: args.max_queue,
         max_body_bytes: (args.max_body_mb as usize) << 20,
+        prefill_chunk: args.prefill_chunk,
         ..Limits::default()
     };
+    let metrics = Arc::new(Metrics::new());
     let engine: Arc<dyn Engine> = match args.backend {
         Backend::Mlx => Arc::new(MlxEngine::start(
             model_dir.clone(),
@@ -181,22 +203,31 @@ fn serve(args: ServeArgs) -> Result<()> {
                         Switch::Off => false,
                     },
                 },
+                prefix_cache_mib: args.prefix_cache_mb,
+                metrics: metrics.clone(),
                 max_queue: limits.max_queue,
                 prefill_chunk: limits.prefill_chunk,
             },
         )?),
     };
     let stops = stop_token_ids(&model_dir, &tokenizer, &template);
-    let route = Arc::new(TextRoute::new(
-        engine,
-        tokenizer,
-        template,
-        stops,
-        limits.clone(),
-    ));
+    let model_name = args.served_model_name.unwrap_or_else(|| args.model.clone());
+    let config = RouteConfig {
+        stop_token_ids: stops,
+        limits: limits.clone(),
+        model_name: model_name.clone(),
+        tokenizer_identity: file_digest(&[
+            tokenizer_dir.join("tokenizer.json"),
+            tokenizer_dir.join("tokenizer_config.json"),
+        ]),
+        default_temperature: limits.letter_temperature,
+        metrics,
+    };
+    let route = TextRoute::new(engine, tokenizer, template, config)
+        .map_err(|e| anyhow::anyhow!("{e}; this model cannot serve decisions"))?;
     let state = AppState::new(
-        route,
-        args.served_model_name.unwrap_or_else(|| args.model.clone()),
+        Arc::new(route),
+        model_name,
         args.model.clone(),
         args.api_key,
         limits,

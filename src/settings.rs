@@ -18,6 +18,10 @@ pub struct Limits {
     pub max_stop_bytes: usize,
     /// Prompt tokens per forward pass while reading a prompt.
     pub prefill_chunk: usize,
+    /// Budget of the prefix cache in MiB (`--prefix-cache-mb`; 0: off).
+    pub prefix_cache_mib: u64,
+    /// The letter temperature when neither the request nor a task sets one.
+    pub letter_temperature: f64,
 }
 
 impl Default for Limits {
@@ -28,7 +32,9 @@ impl Default for Limits {
             max_logprobs: 20,
             max_stop: 4,
             max_stop_bytes: 256,
-            prefill_chunk: 2048,
+            prefill_chunk: 256,
+            prefix_cache_mib: 2048,
+            letter_temperature: 1.0,
         }
     }
 }

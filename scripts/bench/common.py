@@ -19,6 +19,9 @@ ASSETS = pathlib.Path(os.environ.get("DECISIO_ASSETS", CACHE / "assets"))
 MODEL = pathlib.Path(os.environ.get("DECISIO_MODEL", CACHE / "models/smollm2-135m-instruct"))
 
 
+OPENBLAS = "/usr/lib/x86_64-linux-gnu/libopenblas.so.0"
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -54,6 +57,9 @@ def start_decisio(model=MODEL, extra=()):
 def start_mlx_lm(model=MODEL):
     port = free_port()
     env = dict(os.environ, HF_HUB_OFFLINE="1")
+    if os.path.exists(OPENBLAS):
+        # The same BLAS decisio links (the wheel's own is the slow reference one).
+        env["LD_PRELOAD"] = OPENBLAS
     proc = subprocess.Popen(
         [sys.executable, "-m", "mlx_lm.server", "--model", str(model), "--port", str(port)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)

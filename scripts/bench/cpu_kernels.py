@@ -20,7 +20,7 @@ import time
 
 import common
 
-OPENBLAS = "/usr/lib/x86_64-linux-gnu/libopenblas.so.0"
+from common import OPENBLAS
 
 
 def measure():

@@ -8,8 +8,11 @@
 //! queue.
 
 pub mod mlx;
+pub mod prefix_cache;
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
+
+pub use prefix_cache::StateHash;
 
 /// What a backend serves.
 #[derive(Clone, Debug)]
@@ -20,6 +23,48 @@ pub struct ModelInfo {
     pub vocab_size: usize,
     /// The architecture (`model_type` of config.json).
     pub architecture: String,
+    /// What identifies the weights (a digest of config.json and the weight
+    /// files' names and sizes); part of every state hash.
+    pub identity: String,
+}
+
+/// A scoring job: a shared prefix (the state) and questions, each its own
+/// continuation of the prefix, read at the position after its last token.
+#[derive(Clone, Debug)]
+pub struct ScoreRequest {
+    pub state: StateHash,
+    pub prefix: Vec<u32>,
+    pub questions: Vec<QuestionTokens>,
+    /// Also return each answer position's final hidden state.
+    pub hidden: bool,
+}
+
+#[derive(Clone, Debug)]
+pub struct QuestionTokens {
+    pub suffix: Vec<u32>,
+    /// Token ids whose next-token logits are read (the option letters).
+    pub read: Vec<u32>,
+}
+
+/// What a scoring job found.
+#[derive(Clone, Debug)]
+pub struct ScoreResult {
+    /// The state came from the prefix cache.
+    pub cached: bool,
+    /// Seconds spent computing the state when it was not cached.
+    pub new_state_seconds: Option<f64>,
+    pub questions: Vec<QuestionScore>,
+}
+
+#[derive(Clone, Debug)]
+pub struct QuestionScore {
+    /// Next-token logits of the `read` ids, as float32.
+    pub logits: Vec<f32>,
+    /// The same ids' log-probabilities over the whole vocabulary.
+    pub logprobs: Vec<f32>,
+    pub hidden: Option<Vec<f32>>,
+    /// Seconds spent on this question (its suffix and readout).
+    pub seconds: f64,
 }
 
 /// How the next token is chosen.
@@ -134,4 +179,8 @@ pub trait Engine: Send + Sync + 'static {
     /// Queues a generation job; fails at once when the queue is full or the
     /// model is not ready.
     fn generate(&self, request: GenerateRequest) -> Result<GenerateStream, EngineError>;
+    /// Queues a scoring job, likewise.
+    fn score(&self, request: ScoreRequest) -> Result<ScoreReceiver, EngineError>;
 }
+
+pub type ScoreReceiver = oneshot::Receiver<Result<ScoreResult, EngineError>>;

@@ -6,15 +6,18 @@
 //! log-probabilities with their token texts). It knows nothing of HTTP: the
 //! server maps [`RouteError`] to statuses and [`Output`] to OpenAI shapes.
 
+pub mod decide;
 mod generate;
 
 use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
+pub use decide::{Answer, Decision, Question, State};
 pub use generate::{GenerationStream, Output, TokenChoice, TokenOutput};
 
 use crate::engine::{Engine, EngineError, GenerateRequest, Sampling};
+use crate::metrics::Metrics;
 use crate::prompt::{ChatTemplate, TextTokenizer};
 use crate::settings::Limits;
 
@@ -64,31 +67,56 @@ pub struct GenerationParams {
     pub prompt_field: &'static str,
 }
 
+/// What the route needs besides the engine and the prompt tools.
+pub struct RouteConfig {
+    /// Tokens that end a generation (the model's end-of-sequence tokens).
+    pub stop_token_ids: Vec<u32>,
+    pub limits: Limits,
+    /// The served model's name (the `model` label of metrics).
+    pub model_name: String,
+    /// A digest of the tokenizer's files; part of every state hash.
+    pub tokenizer_identity: String,
+    /// The letter temperature when neither the request nor a task sets one.
+    pub default_temperature: f64,
+    pub metrics: Arc<Metrics>,
+}
+
 /// The route over one model.
 pub struct TextRoute {
     engine: Arc<dyn Engine>,
     pub tokenizer: TextTokenizer,
     pub template: ChatTemplate,
-    /// Tokens that end a generation (the model's end-of-sequence tokens).
     pub stop_token_ids: Vec<u32>,
     pub limits: Limits,
+    pub model_name: String,
+    pub tokenizer_identity: String,
+    pub default_temperature: f64,
+    pub metrics: Arc<Metrics>,
+    /// Token ids of the letters A..Z.
+    pub letter_ids: Vec<u32>,
 }
 
 impl TextRoute {
+    /// Fails when an option letter is not a single token of the tokenizer.
     pub fn new(
         engine: Arc<dyn Engine>,
         tokenizer: TextTokenizer,
         template: ChatTemplate,
-        stop_token_ids: Vec<u32>,
-        limits: Limits,
-    ) -> Self {
-        TextRoute {
+        config: RouteConfig,
+    ) -> Result<Self, String> {
+        let letter_ids = Self::letter_ids(&tokenizer)?;
+        Ok(TextRoute {
             engine,
             tokenizer,
             template,
-            stop_token_ids,
-            limits,
-        }
+            stop_token_ids: config.stop_token_ids,
+            limits: config.limits,
+            model_name: config.model_name,
+            tokenizer_identity: config.tokenizer_identity,
+            default_temperature: config.default_temperature,
+            metrics: config.metrics,
+            letter_ids,
+        })
     }
 
     pub fn engine(&self) -> &dyn Engine {

@@ -13,7 +13,9 @@ use super::types::*;
 use super::validate::{self, PromptInput};
 use super::{unix_now, AppState};
 use crate::engine::EngineStatus;
-use crate::route::{GenerationStream, Output, TokenChoice, TokenOutput};
+use crate::route::{
+    Answer, Decision, GenerationStream, Output, State as RouteState, TokenChoice, TokenOutput,
+};
 
 type Result<T> = std::result::Result<T, ApiError>;
 
@@ -143,6 +145,9 @@ pub async fn chat_completions(
 ) -> Result<HttpResponse> {
     let body: ChatCompletionRequest = read_json(&req, payload, state.limits.max_body_bytes).await?;
     state.check_model(body.model.as_deref())?;
+    if let Some(d) = &body.decisio {
+        return chat_decision(&state, &body, d).await;
+    }
     let job = validate::chat(&body, &state.limits)?;
     let route = &state.route;
     let text = route.render_chat(
@@ -502,4 +507,131 @@ pub async fn detokenize(
         .decode(&ids, false)
         .map_err(|e| ApiError::invalid("tokens", e.to_string()))?;
     Ok(HttpResponse::Ok().json(DetokenizeResponse { prompt }))
+}
+
+fn answer_out(a: &Answer) -> AnswerOut {
+    let map = |pairs: &[(&'static str, f32)]| -> Map<String, Value> {
+        pairs
+            .iter()
+            .map(|&(l, v)| (l.to_string(), Value::from(v)))
+            .collect()
+    };
+    AnswerOut {
+        id: a.id.clone(),
+        letter: a.letter,
+        index: a.index,
+        option: a.option.clone(),
+        probabilities: map(&a.probabilities),
+        letter_logprobs: map(&a.logprobs),
+        temperature: a.temperature,
+        abstained: a.abstained,
+        abstain_reason: a.abstain_reason.clone(),
+        tie: a.tie,
+    }
+}
+
+fn state_out(d: &Decision) -> StateOut {
+    StateOut {
+        hash: d.state.hash.hex(),
+        tokens: d.state.tokens,
+        cached: d.state.cached,
+    }
+}
+
+pub async fn decide(
+    req: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse> {
+    let body: DecideRequest = read_json(&req, payload, state.limits.max_body_bytes).await?;
+    state.check_model(body.model.as_deref())?;
+    let questions = validate::decide(&body)?;
+    let decision = state
+        .route
+        .decide(RouteState::Text(body.state), questions)
+        .await?;
+    Ok(HttpResponse::Ok().json(DecideResponse {
+        id: new_id("decide"),
+        object: "decision",
+        created: unix_now(),
+        model: state.model_name.clone(),
+        state: state_out(&decision),
+        answers: decision.answers.iter().map(answer_out).collect(),
+        usage: DecideUsage {
+            prompt_tokens: decision.prompt_tokens,
+            cached_tokens: decision.cached_tokens,
+            completion_tokens: 0,
+            total_tokens: decision.prompt_tokens,
+        },
+    }))
+}
+
+/// A chat completion carrying a decision: the letter as content, every
+/// option letter in `top_logprobs` with its calibrated log-probability.
+async fn chat_decision(
+    state: &AppState,
+    body: &ChatCompletionRequest,
+    d: &DecisioRequest,
+) -> Result<HttpResponse> {
+    let (route_state, question) = validate::chat_decision(body, d)?;
+    let decision = state.route.decide(route_state, vec![question]).await?;
+    let a = &decision.answers[0];
+    // Sorted by probability, the earliest option first among equals.
+    let mut letters: Vec<(&'static str, f32)> = a.calibrated_logprobs.clone();
+    letters.sort_by(|x, y| y.1.total_cmp(&x.1));
+    let top: Vec<TopLogprob> = letters
+        .iter()
+        .map(|&(l, lp)| TopLogprob {
+            token: l.to_string(),
+            logprob: lp,
+            bytes: l.as_bytes().to_vec(),
+        })
+        .collect();
+    let chosen = a.calibrated_logprobs[a.top];
+    let completion_tokens = usize::from(!a.abstained);
+    let content = a.letter.unwrap_or_default().to_string();
+    Ok(HttpResponse::Ok().json(ChatDecision {
+        id: new_id("chatcmpl"),
+        object: "chat.completion",
+        created: unix_now(),
+        model: state.model_name.clone(),
+        choices: vec![ChatChoice {
+            index: 0,
+            message: ChatMessageOut {
+                role: "assistant",
+                content,
+            },
+            logprobs: Some(ChatLogprobs {
+                content: vec![ChatTokenLogprob {
+                    token: chosen.0.to_string(),
+                    logprob: chosen.1,
+                    bytes: chosen.0.as_bytes().to_vec(),
+                    top_logprobs: top,
+                }],
+            }),
+            finish_reason: Some("stop"),
+        }],
+        usage: DecisionUsage {
+            prompt_tokens: decision.prompt_tokens,
+            completion_tokens,
+            total_tokens: decision.prompt_tokens + completion_tokens,
+            prompt_tokens_details: PromptTokensDetails {
+                cached_tokens: decision.cached_tokens,
+            },
+        },
+        decisio: DecisioReply {
+            state: state_out(&decision),
+            answer: answer_out(a),
+        },
+    }))
+}
+
+pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {
+    state
+        .metrics
+        .queue_depth
+        .set(state.route.engine().queue_depth() as i64);
+    HttpResponse::Ok()
+        .content_type("text/plain; version=0.0.4; charset=utf-8")
+        .body(state.metrics.render())
 }

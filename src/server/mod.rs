@@ -8,6 +8,7 @@ mod auth;
 mod body;
 pub mod error;
 mod handlers;
+mod observe;
 pub mod types;
 pub mod validate;
 
@@ -18,6 +19,7 @@ use actix_web::{middleware, web, App, HttpServer};
 
 pub use error::ApiError;
 
+use crate::metrics::Metrics;
 use crate::route::TextRoute;
 use crate::settings::Limits;
 
@@ -30,6 +32,7 @@ pub struct AppState {
     pub model_root: String,
     pub api_key: Option<String>,
     pub limits: Limits,
+    pub metrics: Arc<Metrics>,
     pub created: u64,
 }
 
@@ -42,6 +45,7 @@ impl AppState {
         limits: Limits,
     ) -> Self {
         AppState {
+            metrics: route.metrics.clone(),
             route,
             model_name,
             model_root,
@@ -75,6 +79,8 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/v1/completions"),
     ("POST", "/tokenize"),
     ("POST", "/detokenize"),
+    ("POST", "/v1/decide"),
+    ("GET", "/metrics"),
 ];
 
 /// Registers every route of [`ROUTES`].
@@ -91,6 +97,8 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
             "/v1/completions" => route.to(handlers::completions),
             "/tokenize" => route.to(handlers::tokenize),
             "/detokenize" => route.to(handlers::detokenize),
+            "/v1/decide" => route.to(handlers::decide),
+            "/metrics" => route.to(handlers::metrics),
             other => unreachable!("no handler for {other}"),
         };
         cfg.service(
@@ -108,6 +116,7 @@ pub async fn serve(state: AppState, host: &str, port: u16) -> std::io::Result<()
         App::new()
             .app_data(state.clone())
             .wrap(middleware::from_fn(auth::require_api_key))
+            .wrap(middleware::from_fn(observe::record))
             .configure(configure)
             .default_service(web::to(handlers::not_found))
     })

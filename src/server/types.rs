@@ -58,6 +58,8 @@ pub struct ChatCompletionRequest {
     pub add_generation_prompt: Option<bool>,
     #[serde(default, deserialize_with = "null_is_false")]
     pub ignore_eos: bool,
+    /// A decision instead of a generation.
+    pub decisio: Option<DecisioRequest>,
 }
 
 /// `prompt` of a completion: text, or token ids.
@@ -263,4 +265,109 @@ pub struct Completion {
     pub choices: Vec<CompletionChoice>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
+}
+
+/// One question of `POST /v1/decide`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DecideQuestion {
+    pub id: Option<String>,
+    pub text: Option<String>,
+    pub options: Option<Vec<String>>,
+    pub abstain_below: Option<f64>,
+    pub temperature: Option<f64>,
+    pub task: Option<String>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DecideRequest {
+    pub model: Option<String>,
+    pub state: String,
+    pub questions: Vec<DecideQuestion>,
+    pub multi_question: Option<String>,
+}
+
+/// The `decisio` object of a chat completion that asks for a decision.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DecisioRequest {
+    pub options: Option<Vec<String>>,
+    pub abstain_below: Option<f64>,
+    pub temperature: Option<f64>,
+    pub task: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct StateOut {
+    pub hash: String,
+    pub tokens: usize,
+    pub cached: bool,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct AnswerOut {
+    pub id: Option<String>,
+    pub letter: Option<&'static str>,
+    pub index: Option<usize>,
+    pub option: Option<String>,
+    /// Calibrated probability of each option, by letter.
+    pub probabilities: Map<String, Value>,
+    /// Raw log-probability of each option's letter over the vocabulary.
+    pub letter_logprobs: Map<String, Value>,
+    pub temperature: f32,
+    pub abstained: bool,
+    pub abstain_reason: Option<String>,
+    pub tie: bool,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct DecideUsage {
+    pub prompt_tokens: usize,
+    pub cached_tokens: usize,
+    pub completion_tokens: usize,
+    pub total_tokens: usize,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct DecideResponse {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub state: StateOut,
+    pub answers: Vec<AnswerOut>,
+    pub usage: DecideUsage,
+}
+
+/// The `decisio` object of a chat completion's reply.
+#[derive(Clone, Debug, Serialize)]
+pub struct DecisioReply {
+    pub state: StateOut,
+    pub answer: AnswerOut,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct PromptTokensDetails {
+    pub cached_tokens: usize,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct DecisionUsage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub total_tokens: usize,
+    pub prompt_tokens_details: PromptTokensDetails,
+}
+
+/// A chat completion that carries a decision.
+#[derive(Clone, Debug, Serialize)]
+pub struct ChatDecision {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<ChatChoice>,
+    pub usage: DecisionUsage,
+    pub decisio: DecisioReply,
 }

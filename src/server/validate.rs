@@ -4,9 +4,12 @@
 use serde_json::{Map, Value};
 
 use super::error::ApiError;
-use super::types::{ChatCompletionRequest, CompletionRequest, PromptSpec, StopSpec};
+use super::types::{
+    ChatCompletionRequest, CompletionRequest, DecideRequest, DecisioRequest, PromptSpec, StopSpec,
+};
 use crate::engine::Sampling;
-use crate::route::GenerationParams;
+use crate::route::decide::{check_question, MAX_QUESTIONS};
+use crate::route::{GenerationParams, Question, State};
 use crate::settings::Limits;
 
 /// Roles a chat message may have.
@@ -358,4 +361,172 @@ pub fn completion(req: &CompletionRequest, limits: &Limits) -> Result<Completion
         },
         include_usage: req.stream_options.as_ref().is_some_and(|o| o.include_usage),
     })
+}
+
+/// `multi_question`: only `sequential` runs on this backend.
+pub fn multi_question(mode: Option<&str>) -> Result<(), ApiError> {
+    match mode {
+        None | Some("sequential") => Ok(()),
+        Some(m @ ("warm" | "packed")) => Err(ApiError::invalid(
+            "multi_question",
+            format!(
+                "`{m}` is served by the vLLM backend only; the MLX backend answers each question \
+                 as its own continuation of the state (`sequential`)"
+            ),
+        )),
+        Some(m) => Err(ApiError::invalid(
+            "multi_question",
+            format!("multi_question must be `sequential`, `warm` or `packed`; got `{m}`"),
+        )),
+    }
+}
+
+fn no_task(task: &Option<String>, param: &str) -> Result<(), ApiError> {
+    match task {
+        Some(name) => Err(ApiError::invalid(
+            param,
+            format!("no task named `{name}` is registered on this server; give `options` instead"),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// The questions of `POST /v1/decide`.
+pub fn decide(req: &DecideRequest) -> Result<Vec<Question>, ApiError> {
+    multi_question(req.multi_question.as_deref())?;
+    if req.state.trim().is_empty() {
+        return Err(ApiError::invalid("state", "the state is empty"));
+    }
+    if req.questions.is_empty() || req.questions.len() > MAX_QUESTIONS {
+        return Err(ApiError::invalid(
+            "questions",
+            format!(
+                "a request takes 1 to {MAX_QUESTIONS} questions; got {}",
+                req.questions.len()
+            ),
+        ));
+    }
+    req.questions
+        .iter()
+        .enumerate()
+        .map(|(i, q)| {
+            let param = format!("questions[{i}]");
+            no_task(&q.task, &format!("{param}.task"))?;
+            let text = q.text.clone().ok_or_else(|| {
+                ApiError::invalid(&format!("{param}.text"), "a question needs `text`")
+            })?;
+            let options = q.options.clone().ok_or_else(|| {
+                ApiError::invalid(&format!("{param}.options"), "a question needs `options`")
+            })?;
+            let question = Question {
+                id: q.id.clone(),
+                text,
+                options,
+                abstain_below: q.abstain_below,
+                temperature: q.temperature,
+            };
+            check_question(&question, &param)?;
+            Ok(question)
+        })
+        .collect()
+}
+
+/// A chat completion with a `decisio` object: the state is every message
+/// before the last user message, which is the question.
+pub fn chat_decision(
+    req: &ChatCompletionRequest,
+    d: &DecisioRequest,
+) -> Result<(State, Question), ApiError> {
+    if req.stream {
+        return Err(ApiError::invalid(
+            "stream",
+            "a decision is answered whole; send it without `stream`",
+        ));
+    }
+    single_choice(req.n)?;
+    no_task(&d.task, "decisio.task")?;
+    // Generation settings do not apply to a decision: refuse rather than ignore.
+    let not_for_decisions = |set: bool, param: &str, hint: &str| -> Result<(), ApiError> {
+        if set {
+            return Err(ApiError::invalid(
+                param,
+                format!("`{param}` does not apply to a decision{hint}"),
+            ));
+        }
+        Ok(())
+    };
+    not_for_decisions(
+        req.temperature.is_some(),
+        "temperature",
+        "; the letters' temperature is `decisio.temperature`",
+    )?;
+    not_for_decisions(req.top_p.is_some(), "top_p", "")?;
+    not_for_decisions(req.stop.is_some(), "stop", "")?;
+    not_for_decisions(req.seed.is_some(), "seed", "")?;
+    not_for_decisions(req.tools.is_some(), "tools", "")?;
+    not_for_decisions(req.tool_choice.is_some(), "tool_choice", "")?;
+    not_for_decisions(req.response_format.is_some(), "response_format", "")?;
+    not_for_decisions(req.ignore_eos, "ignore_eos", "")?;
+    not_for_decisions(
+        req.presence_penalty.is_some_and(|p| p != 0.0),
+        "presence_penalty",
+        "",
+    )?;
+    not_for_decisions(
+        req.frequency_penalty.is_some_and(|p| p != 0.0),
+        "frequency_penalty",
+        "",
+    )?;
+    not_for_decisions(
+        req.logit_bias.as_ref().is_some_and(|m| !m.is_empty()),
+        "logit_bias",
+        "",
+    )?;
+    not_for_decisions(
+        req.chat_template_kwargs.is_some(),
+        "chat_template_kwargs",
+        "; decisions render with the template's defaults and thinking off",
+    )?;
+    for (value, param) in [
+        (req.max_tokens, "max_tokens"),
+        (req.max_completion_tokens, "max_completion_tokens"),
+    ] {
+        not_for_decisions(
+            value.is_some_and(|n| n != 1),
+            param,
+            "; a decision is one token (send 1 or leave it out)",
+        )?;
+    }
+    let messages = messages(&req.messages)?;
+    let last = messages.len() - 1;
+    if messages[last].get("role").and_then(Value::as_str) != Some("user") {
+        return Err(ApiError::invalid(
+            &format!("messages[{last}].role"),
+            "the last message of a decision must be the user's question",
+        ));
+    }
+    let text = messages[last]
+        .get("content")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    let options = d
+        .options
+        .clone()
+        .ok_or_else(|| ApiError::invalid("decisio.options", "a decision needs `options`"))?;
+    let question = Question {
+        id: None,
+        text,
+        options,
+        abstain_below: d.abstain_below,
+        temperature: d.temperature,
+    };
+    check_question(&question, "decisio")?;
+    if messages.len() < 2 {
+        return Err(ApiError::invalid(
+            "messages",
+            "a decision needs a state: at least one message before the question",
+        ));
+    }
+    Ok((State::Messages(messages[..last].to_vec()), question))
 }

@@ -15,16 +15,21 @@ pub mod sample;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use mlx_rs::{ops, Array};
-use tokio::sync::mpsc;
+use sha2::{Digest, Sha256};
+use tokio::sync::{mpsc, oneshot};
 
 use self::cache::ModelCache;
 use self::sample::Rng;
+use super::prefix_cache::{PrefixCache, Weighed};
 use super::{
     Engine, EngineError, EngineStatus, FinishReason, GenerateEvent, GenerateRequest,
-    GenerateStream, ModelInfo, TokenLogprobs,
+    GenerateStream, ModelInfo, QuestionScore, ScoreReceiver, ScoreRequest, ScoreResult,
+    TokenLogprobs,
 };
+use crate::metrics::Metrics;
 
 /// Errors of loading or running an MLX model.
 #[derive(Debug, thiserror::Error)]
@@ -74,7 +79,9 @@ impl MlxModel {
     /// Reads the model description (no weights) of the conversion in `dir`.
     pub fn describe(dir: &Path) -> MlxResult<ModelInfo> {
         let config = loader::read_config(dir)?;
-        describe_config(&config)
+        let mut info = describe_config(&config)?;
+        info.identity = identity(dir)?;
+        Ok(info)
     }
 
     /// Loads the conversion in `dir` as [`LoadOptions::default`] says.
@@ -83,8 +90,8 @@ impl MlxModel {
     }
 
     pub fn load_with(dir: &Path, options: LoadOptions) -> MlxResult<Self> {
+        let info = Self::describe(dir)?;
         let config = loader::read_config(dir)?;
-        let info = describe_config(&config)?;
         let weights = loader::Weights::load(dir, &config, options.dequantize)?;
         let arch = match info.architecture.as_str() {
             "llama" => Architecture::Llama(llama::Model::load(&config, &weights)?),
@@ -166,6 +173,29 @@ fn unsupported(model_type: &str) -> MlxError {
     ))
 }
 
+/// A digest of config.json and the names and sizes of the weight files.
+fn identity(dir: &Path) -> MlxResult<String> {
+    let mut h = Sha256::new();
+    let config = std::fs::read(dir.join("config.json"))
+        .map_err(|e| MlxError::Config(format!("cannot read config.json: {e}")))?;
+    h.update(&config);
+    let mut files: Vec<(String, u64)> = std::fs::read_dir(dir)
+        .map_err(|e| MlxError::Config(format!("cannot list {}: {e}", dir.display())))?
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().extension().is_some_and(|x| x == "safetensors"))
+        .map(|e| {
+            let size = e.metadata().map_or(0, |m| m.len());
+            (e.file_name().to_string_lossy().into_owned(), size)
+        })
+        .collect();
+    files.sort();
+    for (name, size) in files {
+        h.update(name.as_bytes());
+        h.update(size.to_le_bytes());
+    }
+    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+}
+
 fn describe_config(config: &serde_json::Value) -> MlxResult<ModelInfo> {
     let model_type = config
         .get("model_type")
@@ -180,6 +210,7 @@ fn describe_config(config: &serde_json::Value) -> MlxResult<ModelInfo> {
         vocab_size: get("vocab_size")
             .ok_or_else(|| MlxError::Config("config.json has no vocab_size".into()))?,
         architecture: model_type.to_string(),
+        identity: String::new(),
     })
 }
 
@@ -187,6 +218,9 @@ fn describe_config(config: &serde_json::Value) -> MlxResult<ModelInfo> {
 #[derive(Clone, Debug)]
 pub struct MlxOptions {
     pub load: LoadOptions,
+    /// Budget of the prefix cache in MiB (0 turns it off).
+    pub prefix_cache_mib: u64,
+    pub metrics: Arc<Metrics>,
     /// Jobs that may wait; one more is refused.
     pub max_queue: usize,
     /// Prompt tokens per forward pass while reading a prompt.
@@ -198,6 +232,29 @@ enum Job {
         request: GenerateRequest,
         events: mpsc::Sender<Result<GenerateEvent, EngineError>>,
     },
+    Score {
+        request: ScoreRequest,
+        reply: oneshot::Sender<Result<ScoreResult, EngineError>>,
+    },
+}
+
+/// The model's caches after a state's prefix, as the prefix cache keeps them.
+struct Snapshot {
+    cache: ModelCache,
+    bytes: usize,
+}
+
+// SAFETY: a snapshot holds MLX array handles that are never mutated after
+// the snapshot is made (continuing from it clones the handles), and it is
+// only created, read and dropped by the engine thread; the prefix cache's
+// type bounds need Send + Sync, which MLX arrays do not declare.
+unsafe impl Send for Snapshot {}
+unsafe impl Sync for Snapshot {}
+
+impl Weighed for Snapshot {
+    fn nbytes(&self) -> usize {
+        self.bytes
+    }
 }
 
 /// The MLX backend behind the [`Engine`] seam.
@@ -233,6 +290,24 @@ impl MlxEngine {
     }
 }
 
+impl MlxEngine {
+    fn submit(&self, job: Job) -> Result<(), EngineError> {
+        match self.status() {
+            EngineStatus::Ready => {}
+            EngineStatus::Loading => return Err(EngineError::Loading),
+            EngineStatus::Failed(e) => return Err(EngineError::LoadFailed(e)),
+        }
+        self.depth.fetch_add(1, Ordering::Relaxed);
+        self.jobs.try_send(job).map_err(|e| {
+            self.depth.fetch_sub(1, Ordering::Relaxed);
+            match e {
+                mpsc::error::TrySendError::Full(_) => EngineError::QueueFull(self.max_queue),
+                mpsc::error::TrySendError::Closed(_) => EngineError::Stopped,
+            }
+        })
+    }
+}
+
 impl Engine for MlxEngine {
     fn info(&self) -> &ModelInfo {
         &self.info
@@ -250,22 +325,14 @@ impl Engine for MlxEngine {
     }
 
     fn generate(&self, request: GenerateRequest) -> Result<GenerateStream, EngineError> {
-        match self.status() {
-            EngineStatus::Ready => {}
-            EngineStatus::Loading => return Err(EngineError::Loading),
-            EngineStatus::Failed(e) => return Err(EngineError::LoadFailed(e)),
-        }
         let (events, rx) = mpsc::channel(64);
-        self.depth.fetch_add(1, Ordering::Relaxed);
-        self.jobs
-            .try_send(Job::Generate { request, events })
-            .map_err(|e| {
-                self.depth.fetch_sub(1, Ordering::Relaxed);
-                match e {
-                    mpsc::error::TrySendError::Full(_) => EngineError::QueueFull(self.max_queue),
-                    mpsc::error::TrySendError::Closed(_) => EngineError::Stopped,
-                }
-            })?;
+        self.submit(Job::Generate { request, events })?;
+        Ok(rx)
+    }
+
+    fn score(&self, request: ScoreRequest) -> Result<ScoreReceiver, EngineError> {
+        let (reply, rx) = oneshot::channel();
+        self.submit(Job::Score { request, reply })?;
         Ok(rx)
     }
 }
@@ -298,6 +365,8 @@ fn engine_thread(
         started.elapsed().as_secs_f64()
     );
     set(EngineStatus::Ready);
+    let prefix_cache: PrefixCache<Snapshot> =
+        PrefixCache::new(options.prefix_cache_mib, options.metrics.clone());
     while let Some(job) = jobs.blocking_recv() {
         match job {
             Job::Generate { request, events } => {
@@ -305,9 +374,75 @@ fn engine_thread(
                     let _ = events.blocking_send(Err(EngineError::Model(e.to_string())));
                 }
             }
+            Job::Score { request, reply } => {
+                if !reply.is_closed() {
+                    let result = score(&model, &options, &prefix_cache, &request)
+                        .map_err(|e| EngineError::Model(e.to_string()));
+                    let _ = reply.send(result);
+                }
+            }
         }
         depth.fetch_sub(1, Ordering::Relaxed);
     }
+}
+
+/// The state after `request.prefix`, from the prefix cache or computed (and
+/// offered to the cache), then each question as its own continuation of it.
+fn score(
+    model: &MlxModel,
+    options: &MlxOptions,
+    prefix_cache: &PrefixCache<Snapshot>,
+    request: &ScoreRequest,
+) -> MlxResult<ScoreResult> {
+    let (snapshot, cached, new_state_seconds) = match prefix_cache.get(&request.state) {
+        Some(snapshot) => (snapshot, true, None),
+        None => {
+            let started = Instant::now();
+            let mut cache = model.new_cache();
+            model.prefill(&request.prefix, &mut cache, options.prefill_chunk)?;
+            cache.eval()?;
+            let seconds = started.elapsed().as_secs_f64();
+            options.metrics.new_state_seconds.observe(seconds);
+            let snapshot = Arc::new(Snapshot {
+                bytes: cache.nbytes(),
+                cache,
+            });
+            prefix_cache.insert(request.state, snapshot.clone());
+            (snapshot, false, Some(seconds))
+        }
+    };
+    let mut questions = Vec::with_capacity(request.questions.len());
+    for q in &request.questions {
+        let started = Instant::now();
+        let mut cache = snapshot.cache.clone();
+        let h = model.hidden(&q.suffix, &mut cache)?;
+        let n = h.shape()[1];
+        let last = ops::indexing::take_axis(&h, Array::from_slice(&[n - 1], &[1]), 1)?;
+        let logits = ops::reshape(model.logits(&last)?.as_type::<f32>()?, &[-1])?;
+        let norm = ops::logsumexp(&logits, false)?;
+        let read: Vec<i32> = q.read.iter().map(|&t| t as i32).collect();
+        let picked =
+            ops::indexing::take_axis(&logits, Array::from_slice(&read, &[read.len() as i32]), 0)?;
+        let logprobs = ops::subtract(&picked, &norm)?;
+        let hidden = request
+            .hidden
+            .then(|| ops::reshape(last.as_type::<f32>()?, &[-1]))
+            .transpose()?;
+        let mut arrays = vec![&picked, &logprobs];
+        arrays.extend(hidden.iter());
+        mlx_rs::transforms::eval(arrays)?;
+        questions.push(QuestionScore {
+            logits: picked.as_slice::<f32>().to_vec(),
+            logprobs: logprobs.as_slice::<f32>().to_vec(),
+            hidden: hidden.map(|h| h.as_slice::<f32>().to_vec()),
+            seconds: started.elapsed().as_secs_f64(),
+        });
+    }
+    Ok(ScoreResult {
+        cached,
+        new_state_seconds,
+        questions,
+    })
 }
 
 /// Copies a `[.., V]` float32 array with one row out to the host.

@@ -1,0 +1,144 @@
+//! The Prometheus metrics of the server, in one registry.
+//!
+//! Label sets are bounded: `route` is the route pattern (never the raw
+//! path), `method` and `status` come from small fixed sets, `model` is the
+//! one served model, `state` is `cached` or `new`.
+
+use prometheus::{
+    exponential_buckets, Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter,
+    IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+};
+
+/// Histogram buckets from 1 ms to about 10 minutes, 2^(1/2) apart (40 buckets).
+fn latency_buckets() -> Vec<f64> {
+    exponential_buckets(0.001, std::f64::consts::SQRT_2, 40).expect("valid buckets")
+}
+
+pub struct Metrics {
+    registry: Registry,
+    /// Seconds to answer one question, by whether its state was cached.
+    pub question_seconds: HistogramVec,
+    /// Seconds to prefill a state that was not in the cache.
+    pub new_state_seconds: Histogram,
+    pub prefix_cache_hits: IntCounter,
+    pub prefix_cache_misses: IntCounter,
+    pub prefix_cache_evictions: IntCounter,
+    pub prefix_cache_bytes: IntGauge,
+    pub prefix_cache_entries: IntGauge,
+    pub abstentions: IntCounter,
+    pub queue_depth: IntGauge,
+    pub http_requests: IntCounterVec,
+    pub http_request_seconds: HistogramVec,
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let registry = Registry::new();
+        let histogram =
+            |name: &str, help: &str| HistogramOpts::new(name, help).buckets(latency_buckets());
+        let question_seconds = HistogramVec::new(
+            histogram(
+                "decisio_question_seconds",
+                "Seconds to answer one question.",
+            ),
+            &["model", "state"],
+        )
+        .expect("metric");
+        let new_state_seconds = Histogram::with_opts(histogram(
+            "decisio_new_state_seconds",
+            "Seconds to prefill a state that was not in the prefix cache.",
+        ))
+        .expect("metric");
+        let counter = |name: &str, help: &str| IntCounter::new(name, help).expect("metric");
+        let gauge = |name: &str, help: &str| IntGauge::new(name, help).expect("metric");
+        let m = Metrics {
+            question_seconds,
+            new_state_seconds,
+            prefix_cache_hits: counter(
+                "decisio_prefix_cache_hits_total",
+                "State look-ups (one per request) that found the state in the prefix cache.",
+            ),
+            prefix_cache_misses: counter(
+                "decisio_prefix_cache_misses_total",
+                "State look-ups (one per request) that did not find the state in the prefix cache.",
+            ),
+            prefix_cache_evictions: counter(
+                "decisio_prefix_cache_evictions_total",
+                "States evicted from the prefix cache for room.",
+            ),
+            prefix_cache_bytes: gauge(
+                "decisio_prefix_cache_bytes",
+                "Bytes of state held by the prefix cache.",
+            ),
+            prefix_cache_entries: gauge(
+                "decisio_prefix_cache_entries",
+                "States held by the prefix cache.",
+            ),
+            abstentions: counter(
+                "decisio_abstentions_total",
+                "Answers abstained for a top probability below the threshold.",
+            ),
+            queue_depth: gauge("decisio_queue_depth", "Engine jobs waiting or running."),
+            http_requests: IntCounterVec::new(
+                Opts::new(
+                    "decisio_http_requests_total",
+                    "HTTP requests by route pattern, method and status.",
+                ),
+                &["route", "method", "status"],
+            )
+            .expect("metric"),
+            http_request_seconds: HistogramVec::new(
+                histogram(
+                    "decisio_http_request_seconds",
+                    "Seconds to answer an HTTP request (to the first byte of a stream).",
+                ),
+                &["route", "method"],
+            )
+            .expect("metric"),
+            registry,
+        };
+        m.register();
+        m
+    }
+
+    fn register(&self) {
+        let r = &self.registry;
+        let all: Vec<Box<dyn prometheus::core::Collector>> = vec![
+            Box::new(self.question_seconds.clone()),
+            Box::new(self.new_state_seconds.clone()),
+            Box::new(self.prefix_cache_hits.clone()),
+            Box::new(self.prefix_cache_misses.clone()),
+            Box::new(self.prefix_cache_evictions.clone()),
+            Box::new(self.prefix_cache_bytes.clone()),
+            Box::new(self.prefix_cache_entries.clone()),
+            Box::new(self.abstentions.clone()),
+            Box::new(self.queue_depth.clone()),
+            Box::new(self.http_requests.clone()),
+            Box::new(self.http_request_seconds.clone()),
+        ];
+        for c in all {
+            r.register(c).expect("unique metric names");
+        }
+    }
+
+    /// The text exposition format.
+    pub fn render(&self) -> String {
+        let mut out = Vec::new();
+        TextEncoder::new()
+            .encode(&self.registry.gather(), &mut out)
+            .expect("text encoding");
+        String::from_utf8(out).unwrap_or_default()
+    }
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

@@ -1,0 +1,462 @@
+//! Decisions: a state and lettered questions become prompts sharing the
+//! state's prefix; the answer distribution is read from the option letters'
+//! next-token logits. `docs/design/text-route.md` states every rule here.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde_json::{Map, Value};
+
+use super::{RouteError, TextRoute};
+use crate::engine::{QuestionTokens, ScoreRequest, StateHash};
+use crate::prompt::ChatTemplate;
+
+/// The letters of options, in order; at most 26 options per question.
+pub const LETTERS: [&str; 26] = [
+    "A", "B", "C", "D", "E", "F", "G", "H", "I", "J", "K", "L", "M", "N", "O", "P", "Q", "R", "S",
+    "T", "U", "V", "W", "X", "Y", "Z",
+];
+
+/// Most questions in one request.
+pub const MAX_QUESTIONS: usize = 256;
+
+/// The line after the options that asks for the answer.
+pub const ANSWER_CUE: &str = "Answer with the letter of the correct option.";
+
+/// The padding policy of the MLX backend: states are not padded.
+pub const PADDING: &str = "none";
+
+/// A state: a text (`/v1/decide`) or the messages before the question (the
+/// chat surface).
+#[derive(Clone, Debug)]
+pub enum State {
+    Text(String),
+    Messages(Vec<Value>),
+}
+
+/// One question, validated by the caller's layer for shape; checked here
+/// for meaning.
+#[derive(Clone, Debug)]
+pub struct Question {
+    pub id: Option<String>,
+    pub text: String,
+    pub options: Vec<String>,
+    pub abstain_below: Option<f64>,
+    pub temperature: Option<f64>,
+}
+
+/// A decision's answer to one question.
+#[derive(Clone, Debug)]
+pub struct Answer {
+    pub id: Option<String>,
+    /// The chosen option's letter; `None` when abstained.
+    pub letter: Option<&'static str>,
+    /// The chosen option's index and text; `None` when abstained.
+    pub index: Option<usize>,
+    pub option: Option<String>,
+    /// Each option's letter with its calibrated probability.
+    pub probabilities: Vec<(&'static str, f32)>,
+    /// Each option's letter with its calibrated log-probability (finite
+    /// even where the probability rounds to 0).
+    pub calibrated_logprobs: Vec<(&'static str, f32)>,
+    /// Each option's letter with its raw log-probability over the vocabulary.
+    pub logprobs: Vec<(&'static str, f32)>,
+    pub temperature: f32,
+    pub abstained: bool,
+    pub abstain_reason: Option<String>,
+    /// The top probability was shared, and the earliest option won.
+    pub tie: bool,
+    /// The top option (chosen, or best when abstained).
+    pub top: usize,
+}
+
+/// The state as a decision saw it.
+#[derive(Clone, Debug)]
+pub struct StateInfo {
+    pub hash: StateHash,
+    pub tokens: usize,
+    pub cached: bool,
+}
+
+#[derive(Clone, Debug)]
+pub struct Decision {
+    pub state: StateInfo,
+    pub answers: Vec<Answer>,
+    /// Prompt tokens over all questions (the prefix counted once).
+    pub prompt_tokens: usize,
+    /// Prompt tokens read from the prefix cache.
+    pub cached_tokens: usize,
+}
+
+/// A question's prompt split at the end of the state.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Rendered {
+    pub prefix: String,
+    pub suffix: String,
+}
+
+fn invalid(param: &str, message: impl Into<String>) -> RouteError {
+    RouteError::invalid(param, message)
+}
+
+/// The question block: the question, its lettered options, the cue.
+pub fn question_block(q: &Question) -> String {
+    let mut text = q.text.trim().to_string();
+    for (letter, option) in LETTERS.iter().zip(&q.options) {
+        text.push_str(&format!("\n{letter}. {}", option.trim()));
+    }
+    text.push('\n');
+    text.push_str(ANSWER_CUE);
+    text
+}
+
+/// Checks a question's meaning; `param` prefixes the field names.
+pub fn check_question(q: &Question, param: &str) -> Result<(), RouteError> {
+    if q.text.trim().is_empty() {
+        return Err(invalid(&format!("{param}.text"), "the question is empty"));
+    }
+    let n = q.options.len();
+    if n < 2 || n > LETTERS.len() {
+        return Err(invalid(
+            &format!("{param}.options"),
+            format!("a question needs 2 to 26 options (lettered A to Z); got {n}"),
+        ));
+    }
+    for (i, option) in q.options.iter().enumerate() {
+        if option.trim().is_empty() {
+            return Err(invalid(
+                &format!("{param}.options[{i}]"),
+                "an option is empty",
+            ));
+        }
+        if q.options[..i].iter().any(|o| o.trim() == option.trim()) {
+            return Err(invalid(
+                &format!("{param}.options[{i}]"),
+                format!("the option `{}` appears twice", option.trim()),
+            ));
+        }
+    }
+    if let Some(a) = q.abstain_below {
+        if !(a > 0.0 && a <= 1.0) {
+            return Err(invalid(
+                &format!("{param}.abstain_below"),
+                format!("abstain_below must be in (0, 1]; got {a}"),
+            ));
+        }
+    }
+    if let Some(t) = q.temperature {
+        if !(t > 0.0 && t.is_finite()) {
+            return Err(invalid(
+                &format!("{param}.temperature"),
+                format!("temperature must be a finite number above 0; got {t}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Calibrated probabilities: softmax over the option letters' logits divided
+/// by `temperature`, in f64, stored as f32.
+pub fn calibrate(logits: &[f32], temperature: f64) -> Vec<f32> {
+    let z: Vec<f64> = logits.iter().map(|&l| f64::from(l) / temperature).collect();
+    let max = z.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let e: Vec<f64> = z.iter().map(|v| (v - max).exp()).collect();
+    let total: f64 = e.iter().sum();
+    e.iter().map(|v| (v / total) as f32).collect()
+}
+
+/// Calibrated log-probabilities: `log_softmax(logit / T)` over the option
+/// letters, in f64, stored as f32.
+pub fn calibrated_logprobs(logits: &[f32], temperature: f64) -> Vec<f32> {
+    let z: Vec<f64> = logits.iter().map(|&l| f64::from(l) / temperature).collect();
+    let max = z.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let norm = max + z.iter().map(|v| (v - max).exp()).sum::<f64>().ln();
+    z.iter().map(|v| (v - norm) as f32).collect()
+}
+
+/// The top option (earliest among exact equals) and whether it was a tie.
+pub fn top_option(probabilities: &[f32]) -> (usize, bool) {
+    let best = probabilities
+        .iter()
+        .copied()
+        .fold(f32::NEG_INFINITY, f32::max);
+    let first = probabilities.iter().position(|&p| p == best).unwrap_or(0);
+    let count = probabilities.iter().filter(|&&p| p == best).count();
+    (first, count > 1)
+}
+
+/// Template arguments for decisions: thinking off where the template has
+/// the switch, so the first generated token is the answer.
+fn decision_kwargs(template: &ChatTemplate) -> Map<String, Value> {
+    let mut kwargs = Map::new();
+    if template.supports_enable_thinking() {
+        kwargs.insert("enable_thinking".into(), Value::Bool(false));
+    }
+    kwargs
+}
+
+/// Renders a question on a state through the chat template and splits the
+/// text right after the state (after its last non-blank character).
+pub fn render(
+    template: &ChatTemplate,
+    state: &State,
+    q: &Question,
+) -> Result<Rendered, RouteError> {
+    let block = question_block(q);
+    let kwargs = decision_kwargs(template);
+    let (messages, content, keep) = match state {
+        State::Text(text) => {
+            let content = format!("{text}\n\n{block}");
+            let keep = text.trim_end().len();
+            (
+                vec![serde_json::json!({"role": "user", "content": content})],
+                content,
+                keep,
+            )
+        }
+        State::Messages(msgs) => {
+            let mut m = msgs.clone();
+            m.push(serde_json::json!({"role": "user", "content": block}));
+            (m, block.clone(), 0)
+        }
+    };
+    let text = template
+        .render(&messages, true, &kwargs)
+        .map_err(|e| invalid("messages", e.to_string()))?;
+    // The question's message content appears verbatim in the rendering;
+    // the prefix ends right after the state's last non-blank character.
+    let start = text.rfind(content.as_str()).ok_or_else(|| {
+        invalid(
+            "state",
+            "the chat template changes the message content, so the state cannot be \
+                 split from the question",
+        )
+    })?;
+    let end = start + keep;
+    Ok(Rendered {
+        prefix: text[..end].to_string(),
+        suffix: text[end..].to_string(),
+    })
+}
+
+impl TextRoute {
+    /// Token ids of the letters A..Z, each a single token (checked at start).
+    pub fn letter_ids(tokenizer: &crate::prompt::TextTokenizer) -> Result<Vec<u32>, String> {
+        LETTERS
+            .iter()
+            .map(|l| match tokenizer.encode(l, false) {
+                Ok(ids) if ids.len() == 1 => Ok(ids[0]),
+                Ok(ids) => Err(format!(
+                    "the option letter `{l}` is {} tokens in this tokenizer ({ids:?}); the \
+                     letters readout needs each of A to Z to be one token",
+                    ids.len()
+                )),
+                Err(e) => Err(format!("cannot tokenize the letter `{l}`: {e}")),
+            })
+            .collect()
+    }
+
+    /// Renders a question on a state and splits it where the state ends.
+    pub fn render_decision(&self, state: &State, q: &Question) -> Result<Rendered, RouteError> {
+        render(&self.template, state, q)
+    }
+
+    /// Answers `questions` on `state`: one scoring job, each question its
+    /// own continuation of the shared prefix.
+    pub async fn decide(
+        self: &Arc<Self>,
+        state: State,
+        questions: Vec<Question>,
+    ) -> Result<Decision, RouteError> {
+        if questions.is_empty() || questions.len() > MAX_QUESTIONS {
+            return Err(invalid(
+                "questions",
+                format!(
+                    "a request takes 1 to {MAX_QUESTIONS} questions; got {}",
+                    questions.len()
+                ),
+            ));
+        }
+        let started = Instant::now();
+        let mut prefix_text: Option<String> = None;
+        let mut suffixes = Vec::with_capacity(questions.len());
+        for (i, q) in questions.iter().enumerate() {
+            check_question(q, &format!("questions[{i}]"))?;
+            let r = self.render_decision(&state, q)?;
+            match &prefix_text {
+                None => prefix_text = Some(r.prefix),
+                Some(p) if *p != r.prefix => {
+                    return Err(RouteError::Engine(crate::engine::EngineError::Model(
+                        "questions on one state rendered different prefixes".into(),
+                    )))
+                }
+                Some(_) => {}
+            }
+            suffixes.push(r.suffix);
+        }
+        let prefix_text = prefix_text.unwrap_or_default();
+        let prefix = self.tokenize(&prefix_text, false)?;
+        let mut tokens = Vec::with_capacity(questions.len());
+        let context = self.context_length();
+        for (q, suffix) in questions.iter().zip(&suffixes) {
+            let ids = self.tokenize(suffix, false)?;
+            if prefix.len() + ids.len() >= context {
+                return Err(RouteError::ContextLength {
+                    message: format!(
+                        "This model's maximum context length is {context} tokens. However, the \
+                         state and a question take {} tokens; shorten the state.",
+                        prefix.len() + ids.len()
+                    ),
+                    param: "state",
+                });
+            }
+            let read = self.letter_ids[..q.options.len()].to_vec();
+            tokens.push(QuestionTokens { suffix: ids, read });
+        }
+        let info = self.engine().info();
+        let hash = StateHash::new(&info.identity, &self.tokenizer_identity, PADDING, &prefix);
+        let suffix_tokens: usize = tokens.iter().map(|t| t.suffix.len()).sum();
+        let receiver = self.engine().score(ScoreRequest {
+            state: hash,
+            prefix: prefix.clone(),
+            questions: tokens,
+            hidden: false,
+        })?;
+        let result = receiver
+            .await
+            .map_err(|_| RouteError::Engine(crate::engine::EngineError::Stopped))??;
+        let label = if result.cached { "cached" } else { "new" };
+        let per_question = started.elapsed().as_secs_f64() / questions.len() as f64;
+        let mut answers = Vec::with_capacity(questions.len());
+        for (q, score) in questions.into_iter().zip(result.questions) {
+            self.metrics
+                .question_seconds
+                .with_label_values(&[&self.model_name, label])
+                .observe(per_question);
+            let answer = self.answer(q, &score.logits, &score.logprobs);
+            if answer.abstained {
+                self.metrics.abstentions.inc();
+            }
+            answers.push(answer);
+        }
+        Ok(Decision {
+            state: StateInfo {
+                hash,
+                tokens: prefix.len(),
+                cached: result.cached,
+            },
+            answers,
+            prompt_tokens: prefix.len() + suffix_tokens,
+            cached_tokens: if result.cached { prefix.len() } else { 0 },
+        })
+    }
+
+    /// The answer from the letters' logits: temperature (the request's, else
+    /// the base's default), abstention, tie-break.
+    fn answer(&self, q: Question, logits: &[f32], logprobs: &[f32]) -> Answer {
+        let temperature = q.temperature.unwrap_or(self.default_temperature);
+        let probabilities = calibrate(logits, temperature);
+        let (top, tie) = top_option(&probabilities);
+        let best = probabilities[top];
+        let threshold = q.abstain_below;
+        let abstained = threshold.is_some_and(|t| f64::from(best) < t);
+        let letters = &LETTERS[..q.options.len()];
+        Answer {
+            id: q.id,
+            letter: (!abstained).then_some(letters[top]),
+            index: (!abstained).then_some(top),
+            option: (!abstained).then(|| q.options[top].clone()),
+            probabilities: letters
+                .iter()
+                .copied()
+                .zip(probabilities.iter().copied())
+                .collect(),
+            calibrated_logprobs: letters
+                .iter()
+                .copied()
+                .zip(calibrated_logprobs(logits, temperature))
+                .collect(),
+            logprobs: letters
+                .iter()
+                .copied()
+                .zip(logprobs.iter().copied())
+                .collect(),
+            temperature: temperature as f32,
+            abstained,
+            abstain_reason: abstained.then(|| {
+                format!(
+                    "the top probability {best:.4} (option {}) is below abstain_below {}",
+                    letters[top],
+                    threshold.unwrap_or_default()
+                )
+            }),
+            tie,
+            top,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn calibration_divides_logits_by_the_temperature() {
+        let p = calibrate(&[2.0, 1.0, 0.0], 1.0);
+        let sum: f32 = p.iter().sum();
+        assert!((sum - 1.0).abs() < 1e-6);
+        assert!(p[0] > p[1] && p[1] > p[2]);
+        let hot = calibrate(&[2.0, 1.0, 0.0], 10.0);
+        assert!(hot[0] < p[0], "a higher temperature flattens");
+        let cold = calibrate(&[2.0, 1.0, 0.0], 0.1);
+        assert!(cold[0] > 0.99);
+        // Log-probabilities stay finite where probabilities round to 0.
+        let lp = calibrated_logprobs(&[2.0, 1.0, 0.0], 0.0005);
+        assert!(lp.iter().all(|v| v.is_finite()), "{lp:?}");
+        assert_eq!(lp[0], 0.0);
+    }
+
+    #[test]
+    fn ties_go_to_the_earliest_option() {
+        assert_eq!(top_option(&[0.2, 0.4, 0.4]), (1, true));
+        assert_eq!(top_option(&[0.5, 0.3, 0.2]), (0, false));
+        let even = calibrate(&[1.5, 1.5], 1.0);
+        assert_eq!(top_option(&even), (0, true));
+    }
+
+    fn q(text: &str, options: &[&str]) -> Question {
+        Question {
+            id: None,
+            text: text.into(),
+            options: options.iter().map(|s| s.to_string()).collect(),
+            abstain_below: None,
+            temperature: None,
+        }
+    }
+
+    #[test]
+    fn questions_are_checked() {
+        assert!(check_question(&q("Is it?", &["yes", "no"]), "q").is_ok());
+        let bad = |question: Question, field: &str| match check_question(&question, "q") {
+            Err(RouteError::Invalid { param, .. }) => assert_eq!(param.as_deref(), Some(field)),
+            other => panic!("{other:?}"),
+        };
+        bad(q("  ", &["yes", "no"]), "q.text");
+        bad(q("Is it?", &["yes"]), "q.options");
+        bad(q("Is it?", &vec!["x"; 27]), "q.options");
+        bad(q("Is it?", &["yes", ""]), "q.options[1]");
+        bad(q("Is it?", &["yes", "no", "yes"]), "q.options[2]");
+        let mut t = q("Is it?", &["yes", "no"]);
+        t.temperature = Some(0.0);
+        bad(t, "q.temperature");
+        let mut a = q("Is it?", &["yes", "no"]);
+        a.abstain_below = Some(1.5);
+        bad(a, "q.abstain_below");
+    }
+
+    #[test]
+    fn the_block_letters_the_options() {
+        let block = question_block(&q("Which?", &["red", "green"]));
+        assert_eq!(block, format!("Which?\nA. red\nB. green\n{ANSWER_CUE}"));
+    }
+}

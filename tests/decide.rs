@@ -1,0 +1,316 @@
+//! The decision route on a real server with the fixture model and MMLU:
+//! rendering and the prefix split, agreement with mlx-lm, the prefix cache's
+//! bit-for-bit guarantee, abstention, temperatures and bad input.
+
+mod common;
+
+use common::Server;
+use decisio::prompt::{ChatTemplate, TextTokenizer};
+use decisio::route::decide::render;
+use decisio::route::{Question, State};
+use serde_json::{json, Value};
+
+/// States and questions built from MMLU by scripts/reference/decisions.py.
+fn reference() -> Value {
+    let text = std::fs::read_to_string(common::reference_file("decisions.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+fn question(q: &Value) -> Value {
+    json!({"text": q["text"], "options": q["options"]})
+}
+
+fn decide(s: &Server, body: &Value) -> Value {
+    let r = s.post_json("/v1/decide", body);
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.json()
+}
+
+/// Each answer's probabilities as f32 bits, in letter order.
+fn bits(answer: &Value) -> Vec<u32> {
+    let p = answer["probabilities"].as_object().unwrap();
+    p.values()
+        .map(|v| (v.as_f64().unwrap() as f32).to_bits())
+        .collect()
+}
+
+fn metric(s: &Server, name: &str) -> f64 {
+    let text = s.request("GET", "/metrics", &[], None).unwrap().text();
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[test]
+fn prompts_split_at_the_state_and_tokenize_as_a_whole() {
+    let dir = common::model_dir();
+    let template = ChatTemplate::from_tokenizer_config(dir.join("tokenizer_config.json")).unwrap();
+    let tokenizer = TextTokenizer::from_file(dir.join("tokenizer.json")).unwrap();
+    let reference = reference();
+    let (mut checked, mut merged) = (0, Vec::new());
+    for st in reference["states"].as_array().unwrap() {
+        let state = State::Text(st["state"].as_str().unwrap().to_string());
+        for q in st["questions"].as_array().unwrap() {
+            let question = Question {
+                id: None,
+                text: q["text"].as_str().unwrap().into(),
+                options: q["options"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|o| o.as_str().unwrap().into())
+                    .collect(),
+                abstain_below: None,
+                temperature: None,
+            };
+            let r = render(&template, &state, &question).unwrap();
+            assert!(r.prefix.ends_with(st["state"].as_str().unwrap().trim_end()));
+            let mut ids = tokenizer.encode(&r.prefix, false).unwrap();
+            ids.extend(tokenizer.encode(&r.suffix, false).unwrap());
+            let whole = tokenizer
+                .encode(&format!("{}{}", r.prefix, r.suffix), false)
+                .unwrap();
+            if ids != whole {
+                merged.push(q["text"].clone());
+            }
+            // Python's rendering and tokenization of the whole prompt.
+            let python: Vec<u32> = q["ids"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap() as u32)
+                .collect();
+            assert_eq!(
+                whole, python,
+                "the rendering differs from Python's for {}",
+                q["text"]
+            );
+            checked += 1;
+        }
+    }
+    println!(
+        "{checked} prompts; the tokenizer merged across the state boundary in {}",
+        merged.len()
+    );
+    assert!(merged.is_empty(), "merges across the boundary: {merged:?}");
+    assert!(checked >= 200, "{checked} prompts");
+}
+
+#[test]
+fn probabilities_match_mlx_lm_on_mmlu() {
+    let s = Server::start(&[]);
+    let reference = reference();
+    let mut compared = 0;
+    let mut worst = 0f64;
+    for st in reference["states"].as_array().unwrap() {
+        for q in st["questions"].as_array().unwrap() {
+            let Some(want) = q["probabilities"].as_array() else {
+                continue;
+            };
+            let got = decide(
+                &s,
+                &json!({"state": st["state"], "questions": [question(q)]}),
+            );
+            let probs = got["answers"][0]["probabilities"].as_object().unwrap();
+            assert!(
+                got["state"]["tokens"].as_u64().unwrap()
+                    < q["ids"].as_array().unwrap().len() as u64
+            );
+            for (p, w) in probs.values().zip(want) {
+                let d = (p.as_f64().unwrap() - w.as_f64().unwrap()).abs();
+                worst = worst.max(d);
+                assert!(d <= 1e-4, "{}: {p} against {w}", q["text"]);
+            }
+            compared += 1;
+        }
+    }
+    println!("{compared} MMLU questions, worst |difference| {worst:.2e}");
+    assert!(compared >= 50, "{compared} questions with a reference");
+}
+
+#[test]
+fn answers_are_the_same_bits_on_a_miss_a_hit_and_with_the_cache_off() {
+    let cached = Server::start(&[]);
+    let uncached = Server::start(&["--prefix-cache-mb", "0"]);
+    let reference = reference();
+    let states = reference["states"].as_array().unwrap();
+    assert!(states.len() >= 20, "{} states", states.len());
+    let (mut questions, mut hits) = (0, 0);
+    for st in states {
+        let qs: Vec<Value> = st["questions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(question)
+            .collect();
+        let body = json!({"state": st["state"], "questions": qs});
+        let miss = decide(&cached, &body);
+        let hit = decide(&cached, &body);
+        let off = decide(&uncached, &body);
+        assert_eq!(miss["state"]["cached"], false);
+        assert_eq!(hit["state"]["cached"], true);
+        assert_eq!(off["state"]["cached"], false);
+        assert_eq!(miss["state"]["hash"], hit["state"]["hash"]);
+        assert_eq!(hit["usage"]["cached_tokens"], hit["state"]["tokens"]);
+        for i in 0..qs.len() {
+            let (a, b, c) = (&miss["answers"][i], &hit["answers"][i], &off["answers"][i]);
+            assert_eq!(bits(a), bits(b), "miss and hit differ");
+            assert_eq!(bits(a), bits(c), "cache on and off differ");
+            questions += 1;
+        }
+        hits += 1;
+        // A question asked alone is the same prompt as inside the request.
+        let alone = decide(
+            &uncached,
+            &json!({"state": st["state"], "questions": [qs[3]]}),
+        );
+        assert_eq!(bits(&alone["answers"][0]), bits(&off["answers"][3]));
+    }
+    println!("{questions} questions on {hits} states: miss, hit and cache off agree bit for bit");
+    assert!(questions >= 200);
+}
+
+#[test]
+fn concurrent_requests_on_a_new_state_compute_it_once() {
+    let s = Server::start(&[]);
+    let body = json!({"state": "A brand new state about owls and their habits.",
+                      "questions": [{"text": "Do owls hunt at night?", "options": ["yes", "no"]}]});
+    let before = (
+        metric(&s, "decisio_prefix_cache_misses_total"),
+        metric(&s, "decisio_prefix_cache_hits_total"),
+    );
+    let answers: Vec<Value> = std::thread::scope(|scope| {
+        let hs: Vec<_> = (0..4).map(|_| scope.spawn(|| decide(&s, &body))).collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let misses = metric(&s, "decisio_prefix_cache_misses_total") - before.0;
+    let hits = metric(&s, "decisio_prefix_cache_hits_total") - before.1;
+    assert_eq!((misses, hits), (1.0, 3.0));
+    assert_eq!(
+        answers
+            .iter()
+            .filter(|a| a["state"]["cached"] == false)
+            .count(),
+        1
+    );
+    for a in &answers {
+        assert_eq!(bits(&a["answers"][0]), bits(&answers[0]["answers"][0]));
+    }
+    assert_eq!(metric(&s, "decisio_prefix_cache_entries"), 1.0);
+    assert!(metric(&s, "decisio_prefix_cache_bytes") > 0.0);
+}
+
+#[test]
+fn abstention_temperature_ties_and_bad_input() {
+    let s = Server::start(&[]);
+    let state = "The sky on a clear day is blue.";
+    let q = |extra: Value| {
+        let mut q = json!({"id": "sky", "text": "What colour is the sky on a clear day?",
+                           "options": ["green", "blue", "red"]});
+        q.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        q
+    };
+    let base = decide(&s, &json!({"state": state, "questions": [q(json!({}))]}));
+    let a = &base["answers"][0];
+    assert_eq!(a["id"], "sky");
+    assert_eq!(a["temperature"], 1.0);
+    let sum: f64 = a["probabilities"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|v| v.as_f64().unwrap())
+        .sum();
+    assert!((sum - 1.0).abs() < 1e-5);
+    assert_eq!(a["letter_logprobs"].as_object().unwrap().len(), 3);
+    // Abstention: probabilities still reported, a reason given.
+    let abst = decide(
+        &s,
+        &json!({"state": state, "questions": [q(json!({"abstain_below": 1.0}))]}),
+    );
+    let b = &abst["answers"][0];
+    assert_eq!(b["abstained"], true);
+    assert!(b["letter"].is_null() && b["option"].is_null());
+    assert!(b["abstain_reason"]
+        .as_str()
+        .unwrap()
+        .contains("abstain_below"));
+    assert_eq!(b["probabilities"], a["probabilities"]);
+    // Temperature: the request's overrides the default; higher is flatter.
+    let top = |t: f64| {
+        let r = decide(
+            &s,
+            &json!({"state": state, "questions": [q(json!({"temperature": t}))]}),
+        );
+        let p = r["answers"][0]["probabilities"]
+            .as_object()
+            .unwrap()
+            .values()
+            .map(|v| v.as_f64().unwrap())
+            .fold(0.0, f64::max);
+        (p, r["answers"][0]["temperature"].as_f64().unwrap())
+    };
+    let (sharp, t1) = top(0.5);
+    let (flat, t2) = top(4.0);
+    assert!(sharp > flat, "{sharp} <= {flat}");
+    assert_eq!((t1, t2), (0.5, 4.0));
+    // An enormous temperature makes every option equal: the earliest wins.
+    let tie = decide(
+        &s,
+        &json!({"state": state, "questions": [q(json!({"temperature": 1e30}))]}),
+    );
+    assert_eq!(tie["answers"][0]["tie"], true);
+    assert_eq!(tie["answers"][0]["letter"], "A");
+
+    let bad = |body: Value, param: &str| {
+        let r = s.post_json("/v1/decide", &body);
+        assert_eq!(r.status, 400, "{}", r.text());
+        assert_eq!(r.json()["error"]["param"], param, "{}", r.text());
+    };
+    let letters: Vec<String> = (0..27).map(|i| format!("option {i}")).collect();
+    bad(
+        json!({"state": state, "questions": [{"text": "Which?", "options": letters}]}),
+        "questions[0].options",
+    );
+    bad(
+        json!({"state": state, "questions": [{"text": "Which?", "options": ["a", " "]}]}),
+        "questions[0].options[1]",
+    );
+    bad(
+        json!({"state": state, "questions": [{"text": "Which?", "options": ["a", "b", "a"]}]}),
+        "questions[0].options[2]",
+    );
+    bad(
+        json!({"state": state, "questions": [{"text": "", "options": ["a", "b"]}]}),
+        "questions[0].text",
+    );
+    bad(
+        json!({"state": state, "questions": [q(json!({"temperature": 0}))]}),
+        "questions[0].temperature",
+    );
+    bad(
+        json!({"state": state, "questions": [q(json!({"abstain_below": 0}))]}),
+        "questions[0].abstain_below",
+    );
+    bad(json!({"state": state, "questions": []}), "questions");
+    bad(
+        json!({"state": state, "questions": vec![q(json!({})); 257]}),
+        "questions",
+    );
+    bad(json!({"state": "", "questions": [q(json!({}))]}), "state");
+    bad(
+        json!({"state": state, "questions": [q(json!({}))], "multi_question": "warm"}),
+        "multi_question",
+    );
+    bad(
+        json!({"state": state, "questions": [q(json!({}))], "multi_question": "packed"}),
+        "multi_question",
+    );
+    bad(
+        json!({"state": state, "questions": [{"task": "intents"}]}),
+        "questions[0].task",
+    );
+}
