@@ -10,7 +10,7 @@ say() { echo "[setup] $*"; }
 
 if [ "$(uname -s)" = Linux ]; then
   missing=()
-  for pkg in cmake libclang-dev libopenblas0-pthread; do
+  for pkg in cmake libclang-dev libopenblas0-pthread prometheus; do
     dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
   done
   if [ ${#missing[@]} -gt 0 ]; then
