@@ -106,7 +106,6 @@ def test_temperature_is_reported(client):
 # probability, so an option whose probability underflows to 0 gets -inf,
 # which JSON carries as `null`. strict: this fails once it is fixed, so the
 # marker can be removed.
-@pytest.mark.xfail(strict=True, reason="top_logprobs logprob is null when a probability underflows")
 def test_top_logprobs_stay_numbers_at_a_low_temperature(client):
     r = decision(client, {"options": OPTIONS, "temperature": 1e-6})
     top = r.choices[0].logprobs.content[0].top_logprobs
@@ -177,3 +176,14 @@ def test_decide_route_through_the_sdk(client):
         with pytest.raises(openai.BadRequestError) as e:
             client.post("/decide", cast_to=object, body={**body, "multi_question": mode})
         assert e.value.body["param"] == "multi_question"
+
+
+def test_generation_fields_are_refused_for_decisions(client):
+    for field, value in [("temperature", 0.5), ("top_p", 0.9), ("stop", ["x"]), ("max_tokens", 5),
+                         ("seed", 3)]:
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(
+                model="smollm2", messages=[{"role": "system", "content": "The sky is blue."},
+                                           {"role": "user", "content": "What colour is the sky?"}],
+                extra_body={"decisio": {"options": ["blue", "green"]}}, **{field: value})
+        assert e.value.body["param"] == field
