@@ -12,7 +12,7 @@ answers the same prompts through chat completions with max_tokens 1 and
 top_logprobs 10, its prompt cache on: (a) a new state's prompt, (b) the same
 prompt again, (c) 100 prompts sharing the state, one request each.
 Also records decisio's peak resident memory and prefix-cache bytes for
-states of about 1k, 4k and 8k tokens (the fixture's context is 8,192).
+states of about 1k, 4k and 7.5k tokens (the fixture's context is 8,192).
 Writes runs/<date>_decide/{summary.md,results.json,memory.json}.
 """
 
@@ -70,7 +70,8 @@ def peak_rss(pid):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--states", type=int, default=6)
+    ap.add_argument("--states", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=2, help="rounds of 100 questions for (c)")
     args = ap.parse_args()
     model = dense_copy()
     tok = AutoTokenizer.from_pretrained(str(common.MODEL))
@@ -104,7 +105,7 @@ def main():
             res["b"]["mlx_lm"].append(t)
         # (c): 100 questions on the last state (seen before by both).
         s = sts[-1]
-        for _ in range(3):
+        for _ in range(args.rounds):
             t, r = common.post(op, "/v1/decide", {"state": s, "questions": [dq(q) for q in questions]})
             res["c"]["decisio"].append(t / len(questions))
             t0 = time.perf_counter()
@@ -117,7 +118,9 @@ def main():
     # Memory against state length, on decisio alone.
     memory = []
     try:
-        for target in (1000, 4000, 8000):
+        # The fixture's context is 8,192 tokens: the longest state leaves room
+        # for a question.
+        for target in (1000, 4000, 7500):
             (s,), _ = states(tok, rows[cursor + 100 + target // 10:], 1, target)
             before = metric(op, "decisio_prefix_cache_bytes")
             _, r = common.post(op, "/v1/decide", {"state": s, "questions": [q0]})
@@ -148,7 +151,7 @@ decisio (`POST /v1/decide`, prefix cache on) against `mlx_lm.server` 0.32.2
 (chat completions, `max_tokens` 1, `top_logprobs` 10, its prompt cache on),
 both at once on 127.0.0.1, both serving the fixture's dense copy on MLX's
 CPU build 0.32.2 with OpenBLAS. States of about 1,000 tokens from MMLU;
-{len(res['a']['decisio'])} states for (a) and (b), 3 rounds of 100 questions for (c).
+{len(res['a']['decisio'])} states for (a) and (b), {args.rounds} rounds of 100 questions for (c).
 Times: the client's wall time, medians.
 
 | case | decisio (ms) | mlx_lm.server (ms) | ratio |

@@ -57,6 +57,26 @@ fn zero_penalty(value: Option<f64>, param: &str) -> Result<(), ApiError> {
     }
 }
 
+/// The sampling features both generation routes refuse: n > 1, penalties,
+/// logit biases.
+fn unsupported_sampling(
+    n: Option<i64>,
+    presence_penalty: Option<f64>,
+    frequency_penalty: Option<f64>,
+    logit_bias: &Option<Map<String, Value>>,
+) -> Result<(), ApiError> {
+    single_choice(n)?;
+    zero_penalty(presence_penalty, "presence_penalty")?;
+    zero_penalty(frequency_penalty, "frequency_penalty")?;
+    if logit_bias.as_ref().is_some_and(|m| !m.is_empty()) {
+        return Err(ApiError::invalid(
+            "logit_bias",
+            "`logit_bias` is not supported",
+        ));
+    }
+    Ok(())
+}
+
 fn sampling(
     temperature: Option<f64>,
     top_p: Option<f64>,
@@ -206,15 +226,12 @@ pub struct ChatJob {
 }
 
 pub fn chat(req: &ChatCompletionRequest, limits: &Limits) -> Result<ChatJob, ApiError> {
-    single_choice(req.n)?;
-    zero_penalty(req.presence_penalty, "presence_penalty")?;
-    zero_penalty(req.frequency_penalty, "frequency_penalty")?;
-    if req.logit_bias.as_ref().is_some_and(|m| !m.is_empty()) {
-        return Err(ApiError::invalid(
-            "logit_bias",
-            "`logit_bias` is not supported",
-        ));
-    }
+    unsupported_sampling(
+        req.n,
+        req.presence_penalty,
+        req.frequency_penalty,
+        &req.logit_bias,
+    )?;
     unsupported(&req.tools, "tools", "this server does not call tools")?;
     unsupported(
         &req.tool_choice,
@@ -301,15 +318,12 @@ pub fn token_ids(ids: &[i64], param: &str) -> Result<Vec<u32>, ApiError> {
 }
 
 pub fn completion(req: &CompletionRequest, limits: &Limits) -> Result<CompletionJob, ApiError> {
-    single_choice(req.n)?;
-    zero_penalty(req.presence_penalty, "presence_penalty")?;
-    zero_penalty(req.frequency_penalty, "frequency_penalty")?;
-    if req.logit_bias.as_ref().is_some_and(|m| !m.is_empty()) {
-        return Err(ApiError::invalid(
-            "logit_bias",
-            "`logit_bias` is not supported",
-        ));
-    }
+    unsupported_sampling(
+        req.n,
+        req.presence_penalty,
+        req.frequency_penalty,
+        &req.logit_bias,
+    )?;
     if req.best_of.is_some_and(|b| b != 1) {
         return Err(ApiError::invalid(
             "best_of",

@@ -20,6 +20,19 @@ fn dequantized(w: &Weights, name: &str, quant: Quant) -> MlxResult<Array> {
     Ok(dense)
 }
 
+/// `x W^T` for a quantized `W`.
+fn qmm(x: &Array, weight: &Array, scales: &Array, biases: &Array, q: Quant) -> MlxResult<Array> {
+    Ok(ops::quantized_matmul(
+        x,
+        weight,
+        scales,
+        biases,
+        true,
+        q.group_size,
+        q.bits,
+    )?)
+}
+
 /// `y = x W^T (+ b)`, with `W` dense or quantized (`weight`, `scales`,
 /// `biases` as MLX's affine quantization stores them).
 pub enum Linear {
@@ -69,18 +82,7 @@ impl Linear {
                 biases,
                 quant,
                 bias,
-            } => (
-                ops::quantized_matmul(
-                    x,
-                    weight,
-                    scales,
-                    biases,
-                    true,
-                    quant.group_size,
-                    quant.bits,
-                )?,
-                bias,
-            ),
+            } => (qmm(x, weight, scales, biases, *quant)?, bias),
         };
         Ok(match bias {
             Some(b) => ops::add(&y, b)?,
@@ -148,15 +150,7 @@ impl Embedding {
                 scales,
                 biases,
                 quant,
-            } => Ok(ops::quantized_matmul(
-                x,
-                weight,
-                scales,
-                biases,
-                true,
-                quant.group_size,
-                quant.bits,
-            )?),
+            } => qmm(x, weight, scales, biases, *quant),
         }
     }
 }
