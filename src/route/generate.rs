@@ -106,6 +106,21 @@ impl GenerationStream {
         }
     }
 
+    /// Appends what the incremental decoder produced; a decoding failure
+    /// ends the stream.
+    fn append(&mut self, decoded: Result<Option<String>, PromptError>) -> Result<(), RouteError> {
+        match decoded {
+            Ok(piece) => {
+                self.text.push_str(piece.as_deref().unwrap_or_default());
+                Ok(())
+            }
+            Err(e) => {
+                self.done = true;
+                Err(decode_error(e))
+            }
+        }
+    }
+
     /// Releases text up to a stop string, or all but what could still
     /// become one. Returns the released text and whether a stop was hit.
     fn release(&mut self) -> (String, bool) {
@@ -184,15 +199,9 @@ impl GenerationStream {
                         let t = self.token_output(id, logprobs.as_ref());
                         self.held_tokens.push(t);
                     }
-                    let piece = match self.decoder.push(id) {
-                        Ok(piece) => piece,
-                        Err(e) => {
-                            self.done = true;
-                            return Some(Err(decode_error(e)));
-                        }
-                    };
-                    if let Some(piece) = piece {
-                        self.text.push_str(&piece);
+                    let decoded = self.decoder.push(id);
+                    if let Err(e) = self.append(decoded) {
+                        return Some(Err(e));
                     }
                     let (text, stopped) = self.release();
                     if stopped {
@@ -209,15 +218,9 @@ impl GenerationStream {
                 }
                 GenerateEvent::Finished(reason) => {
                     // Whatever the decoder or the stop strings held back.
-                    let piece = match self.decoder.finish() {
-                        Ok(piece) => piece,
-                        Err(e) => {
-                            self.done = true;
-                            return Some(Err(decode_error(e)));
-                        }
-                    };
-                    if let Some(piece) = piece {
-                        self.text.push_str(&piece);
+                    let decoded = self.decoder.finish();
+                    if let Err(e) = self.append(decoded) {
+                        return Some(Err(e));
                     }
                     let rest = self.text[self.released..].to_string();
                     self.released = self.text.len();
