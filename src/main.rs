@@ -47,6 +47,17 @@ enum Switch {
     Off,
 }
 
+impl Switch {
+    /// On or off, with `auto` meaning `default`.
+    fn or(self, default: bool) -> bool {
+        match self {
+            Switch::Auto => default,
+            Switch::On => true,
+            Switch::Off => false,
+        }
+    }
+}
+
 #[derive(Args)]
 struct ServeArgs {
     /// The backend that runs the model.
@@ -87,6 +98,11 @@ struct ServeArgs {
     /// CPU (where MLX's quantized kernels are slow) and not on Metal.
     #[arg(long, value_enum, default_value = "auto")]
     dequantize: Switch,
+    /// Compute attention's softmax and the MLP's SiLU with the host kernels
+    /// instead of MLX's ops: `auto` does on the CPU (where MLX's `exp` runs
+    /// one element at a time) and not on Metal.
+    #[arg(long, value_enum, default_value = "auto")]
+    host_kernels: Switch,
     /// Largest request body in MiB; larger ones are answered 413.
     #[arg(long, default_value_t = (Limits::default().max_body_bytes >> 20) as u64)]
     max_body_mb: u64,
@@ -197,11 +213,8 @@ fn serve(args: ServeArgs) -> Result<()> {
             model_dir.clone(),
             MlxOptions {
                 load: LoadOptions {
-                    dequantize: match args.dequantize {
-                        Switch::Auto => LoadOptions::default().dequantize,
-                        Switch::On => true,
-                        Switch::Off => false,
-                    },
+                    dequantize: args.dequantize.or(LoadOptions::default().dequantize),
+                    host_kernels: args.host_kernels.or(LoadOptions::default().host_kernels),
                 },
                 prefix_cache_mib: args.prefix_cache_mb,
                 metrics: metrics.clone(),

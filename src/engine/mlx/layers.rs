@@ -55,7 +55,7 @@ impl Linear {
     pub fn load(w: &Weights, name: &str) -> MlxResult<Self> {
         let bias = w.optional(&format!("{name}.bias"));
         match w.quant(name) {
-            Some(quant) if w.dequantize => Ok(Linear::Dense {
+            Some(quant) if w.options.dequantize => Ok(Linear::Dense {
                 weight: dequantized(w, name, quant)?,
                 bias,
             }),
@@ -108,7 +108,7 @@ pub enum Embedding {
 impl Embedding {
     pub fn load(w: &Weights, name: &str) -> MlxResult<Self> {
         match w.quant(name) {
-            Some(quant) if w.dequantize => Ok(Embedding::Dense {
+            Some(quant) if w.options.dequantize => Ok(Embedding::Dense {
                 weight: dequantized(w, name, quant)?,
             }),
             Some(quant) => Ok(Embedding::Quantized {

@@ -12,6 +12,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::cache::{KvCache, ModelCache};
+use super::host;
 use super::layers::{Embedding, Linear, RmsNorm};
 use super::loader::Weights;
 use super::{MlxError, MlxResult};
@@ -94,6 +95,8 @@ struct Attention {
     rope_theta: f32,
     rope_scale: f32,
     rope_traditional: bool,
+    /// Softmax by [`host::attention`] instead of MLX's fused attention.
+    host_kernels: bool,
 }
 
 impl Attention {
@@ -111,6 +114,7 @@ impl Attention {
             rope_theta: c.rope_theta,
             rope_scale: c.rope_scale()?,
             rope_traditional: c.rope_traditional,
+            host_kernels: w.options.host_kernels,
         })
     }
 
@@ -142,8 +146,12 @@ impl Attention {
 
         // A single new token attends to everything; several attend causally
         // (MLX aligns the causal mask to the end when keys outnumber queries).
-        let mask = (l > 1).then_some(ScaledDotProductAttentionMask::Causal);
-        let out = fast::scaled_dot_product_attention(&q, &k, &v, self.scale, mask, None)?;
+        let out = if self.host_kernels {
+            host::attention(&q, &k, &v, self.scale, l > 1)?
+        } else {
+            let mask = (l > 1).then_some(ScaledDotProductAttentionMask::Causal);
+            fast::scaled_dot_product_attention(&q, &k, &v, self.scale, mask, None)?
+        };
         let out = ops::reshape(&out.transpose_axes(&[0, 2, 1, 3])?, &[b, l, -1])?;
         self.o_proj.forward(&out)
     }
@@ -153,6 +161,8 @@ struct Mlp {
     gate_proj: Linear,
     up_proj: Linear,
     down_proj: Linear,
+    /// The gate by [`host::swiglu`] instead of MLX's ops.
+    host_kernels: bool,
 }
 
 impl Mlp {
@@ -161,13 +171,19 @@ impl Mlp {
             gate_proj: Linear::load(w, &format!("{p}.gate_proj"))?,
             up_proj: Linear::load(w, &format!("{p}.up_proj"))?,
             down_proj: Linear::load(w, &format!("{p}.down_proj"))?,
+            host_kernels: w.options.host_kernels,
         })
     }
 
     fn forward(&self, x: &Array) -> MlxResult<Array> {
-        let gate = nn::silu(self.gate_proj.forward(x)?)?;
+        let gate = self.gate_proj.forward(x)?;
         let up = self.up_proj.forward(x)?;
-        self.down_proj.forward(&ops::multiply(&gate, &up)?)
+        let h = if self.host_kernels {
+            host::swiglu(&gate, &up)?
+        } else {
+            ops::multiply(&nn::silu(gate)?, &up)?
+        };
+        self.down_proj.forward(&h)
     }
 }
 

@@ -56,14 +56,14 @@ pub fn read_config(dir: &Path) -> MlxResult<Value> {
 /// fails loudly instead of serving with weights silently ignored.
 pub struct Weights {
     tensors: RefCell<HashMap<String, Array>>,
-    /// Expand quantized matrices to dense ones at load (see [`super::LoadOptions`]).
-    pub dequantize: bool,
+    /// How the model is held and run (see [`super::LoadOptions`]).
+    pub options: super::LoadOptions,
     default_quant: Option<Quant>,
     overrides: HashMap<String, Option<Quant>>,
 }
 
 impl Weights {
-    pub fn load(dir: &Path, config: &Value, dequantize: bool) -> MlxResult<Self> {
+    pub fn load(dir: &Path, config: &Value, options: super::LoadOptions) -> MlxResult<Self> {
         let mut tensors = HashMap::new();
         for file in shard_files(dir)? {
             let part = Array::load_safetensors(&file)
@@ -73,7 +73,7 @@ impl Weights {
         let (default_quant, overrides) = parse_quantization(config)?;
         Ok(Weights {
             tensors: RefCell::new(tensors),
-            dequantize,
+            options,
             default_quant,
             overrides,
         })

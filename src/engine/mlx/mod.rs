@@ -7,6 +7,7 @@
 //! two tokens.
 
 pub mod cache;
+pub mod host;
 pub mod layers;
 pub mod llama;
 pub mod loader;
@@ -52,12 +53,19 @@ pub struct LoadOptions {
     /// dequantized once: the same values, more memory. On Metal quantized
     /// kernels are fast and weights stay quantized.
     pub dequantize: bool,
+    /// Compute the softmax of attention and the SiLU gate with the host
+    /// kernels of [`host`] instead of MLX's ops. MLX's CPU build evaluates
+    /// `exp` one element at a time, which made these two steps most of a
+    /// question's time; on Metal MLX's own kernels are fast.
+    pub host_kernels: bool,
 }
 
 impl Default for LoadOptions {
     fn default() -> Self {
+        let cpu = !cfg!(target_os = "macos");
         LoadOptions {
-            dequantize: !cfg!(target_os = "macos"),
+            dequantize: cpu,
+            host_kernels: cpu,
         }
     }
 }
@@ -92,7 +100,7 @@ impl MlxModel {
     pub fn load_with(dir: &Path, options: LoadOptions) -> MlxResult<Self> {
         let info = Self::describe(dir)?;
         let config = loader::read_config(dir)?;
-        let weights = loader::Weights::load(dir, &config, options.dequantize)?;
+        let weights = loader::Weights::load(dir, &config, options)?;
         let arch = match info.architecture.as_str() {
             "llama" => Architecture::Llama(llama::Model::load(&config, &weights)?),
             other => return Err(unsupported(other)),
