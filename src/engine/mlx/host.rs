@@ -1,11 +1,10 @@
 //! Host kernels for the two steps MLX's CPU build runs slowly: the softmax of
 //! attention and the SiLU gate of the MLP.
 //!
-//! MLX's CPU backend computes `exp` one element at a time: 16 ms for the
-//! 1.4 M attention scores of one layer when a 120-token question reads a
-//! 1,255-token state, against 0.3 ms for a multiply of the same size and
-//! about 2 ms for each of the two matrix products around it
-//! (runs/2026-11-30_host-kernels). So on the CPU, the scores are computed by
+//! MLX's CPU backend computes `exp` one element at a time: over the attention
+//! scores of one layer it costs tens of times a multiply of the same size and
+//! several times the two matrix products around it
+//! (runs/2026-11-30_host-kernels has the figures). So on the CPU, the scores are computed by
 //! MLX (OpenBLAS), evaluated, and turned into probabilities here, with an
 //! `exp` the compiler vectorises and one thread per core; the products stay
 //! in MLX. On Metal none of this is used.
@@ -41,7 +40,7 @@ fn exp(x: f32) -> f32 {
     p = p * r + 8.333_452e-3;
     p = p * r + 4.166_579_6e-2;
     p = p * r + 1.666_666_5e-1;
-    p = p * r + 5.000_000_1e-1;
+    p = p * r + 0.5;
     let er = p * r * r + r + 1.0;
     let k = (shifted.to_bits() as i32).wrapping_sub(ROUND.to_bits() as i32);
     let scale = f32::from_bits(((k + 127) << 23) as u32);
@@ -56,6 +55,7 @@ fn exp(x: f32) -> f32 {
 /// in a fixed order, so they vectorise and stay deterministic.
 const LANES: usize = 8;
 
+#[inline(always)]
 fn max(xs: &[f32]) -> f32 {
     let mut acc = [f32::NEG_INFINITY; LANES];
     let mut chunks = xs.chunks_exact(LANES);
@@ -72,6 +72,7 @@ fn max(xs: &[f32]) -> f32 {
 }
 
 /// Writes `exp(x - m)` into `out` and returns its sum.
+#[inline(always)]
 fn exp_shifted(xs: &[f32], m: f32, out: &mut [f32]) -> f32 {
     for (o, &x) in out.iter_mut().zip(xs) {
         *o = exp(x - m);
@@ -88,7 +89,8 @@ fn exp_shifted(xs: &[f32], m: f32, out: &mut [f32]) -> f32 {
 }
 
 /// Softmax of one row whose first `valid` entries take part; the rest get 0.
-fn softmax_row(xs: &[f32], valid: usize, out: &mut [f32]) {
+#[inline(always)]
+fn softmax_row_body(xs: &[f32], valid: usize, out: &mut [f32]) {
     let (live, masked) = out.split_at_mut(valid);
     let m = max(&xs[..valid]);
     let sum = exp_shifted(&xs[..valid], m, live);
@@ -97,6 +99,68 @@ fn softmax_row(xs: &[f32], valid: usize, out: &mut [f32]) {
         *o *= inv;
     }
     masked.fill(0.0);
+}
+
+/// `silu(g) * u` into `out`.
+#[inline(always)]
+fn swiglu_body(g: &[f32], u: &[f32], out: &mut [f32]) {
+    for ((o, &g), &u) in out.iter_mut().zip(g).zip(u) {
+        *o = g / (1.0 + exp(-g)) * u;
+    }
+}
+
+/// The loops above compiled for the widest vectors the processor has: the
+/// same code and order of operations, so a machine always gives the same
+/// bits, only more lanes at a time (the build's baseline is SSE2).
+#[cfg(target_arch = "x86_64")]
+mod wide {
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn softmax_row_avx512(xs: &[f32], valid: usize, out: &mut [f32]) {
+        super::softmax_row_body(xs, valid, out)
+    }
+
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn softmax_row_avx2(xs: &[f32], valid: usize, out: &mut [f32]) {
+        super::softmax_row_body(xs, valid, out)
+    }
+
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn swiglu_avx512(g: &[f32], u: &[f32], out: &mut [f32]) {
+        super::swiglu_body(g, u, out)
+    }
+
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn swiglu_avx2(g: &[f32], u: &[f32], out: &mut [f32]) {
+        super::swiglu_body(g, u, out)
+    }
+}
+
+fn softmax_row(xs: &[f32], valid: usize, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: each is called only where the processor has the feature.
+        if is_x86_feature_detected!("avx512f") {
+            return unsafe { wide::softmax_row_avx512(xs, valid, out) };
+        }
+        if is_x86_feature_detected!("avx2") {
+            return unsafe { wide::softmax_row_avx2(xs, valid, out) };
+        }
+    }
+    softmax_row_body(xs, valid, out)
+}
+
+fn swiglu_rows(g: &[f32], u: &[f32], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: as in `softmax_row`.
+        if is_x86_feature_detected!("avx512f") {
+            return unsafe { wide::swiglu_avx512(g, u, out) };
+        }
+        if is_x86_feature_detected!("avx2") {
+            return unsafe { wide::swiglu_avx2(g, u, out) };
+        }
+    }
+    swiglu_body(g, u, out)
 }
 
 /// Runs `f(first_row, rows_out)` over `out` split in row blocks, one thread
@@ -172,13 +236,8 @@ pub fn swiglu(gate: &Array, up: &Array) -> MlxResult<Array> {
     let width = *gate.shape().last().unwrap_or(&1) as usize;
     par_rows(&mut out, width, |first, block| {
         let start = first * width;
-        let (g, u) = (
-            &g[start..start + block.len()],
-            &u[start..start + block.len()],
-        );
-        for ((o, &g), &u) in block.iter_mut().zip(g).zip(u) {
-            *o = g / (1.0 + exp(-g)) * u;
-        }
+        let end = start + block.len();
+        swiglu_rows(&g[start..end], &u[start..end], block);
     });
     Ok(Array::from_slice(&out, gate.shape()).as_dtype(gate.dtype())?)
 }
@@ -212,6 +271,20 @@ mod tests {
         for i in 0..3 {
             assert!((out[i] as f64 - e[i] / s).abs() < 1e-7);
         }
+    }
+
+    #[test]
+    fn wide_loops_give_the_baseline_bits() {
+        let xs: Vec<f32> = (0..1000)
+            .map(|i| ((i * 7919) % 1000) as f32 / 37.0 - 13.0)
+            .collect();
+        let (mut wide, mut base) = (vec![0.0; 1000], vec![0.0; 1000]);
+        softmax_row(&xs, 997, &mut wide);
+        softmax_row_body(&xs, 997, &mut base);
+        assert_eq!(wide, base);
+        swiglu_rows(&xs, &xs[1..], &mut wide[..999]);
+        swiglu_body(&xs, &xs[1..], &mut base[..999]);
+        assert_eq!(wide, base);
     }
 
     #[test]
