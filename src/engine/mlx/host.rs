@@ -6,12 +6,13 @@
 //! several times the two matrix products around it
 //! (runs/2026-11-30_host-kernels has the figures). So on the CPU, the scores are computed by
 //! MLX (OpenBLAS), evaluated, and turned into probabilities here, with an
-//! `exp` the compiler vectorises and one thread per core; the products stay
+//! `exp` the compiler vectorises; the products stay
 //! in MLX. On Metal none of this is used.
 //!
-//! The kernels are deterministic: every row is computed by one thread with
-//! the same code whatever the split, so a prompt gives the same bits however
-//! many rows share a call.
+//! The kernels run on the engine thread (a second thread per call cost more
+//! than it saved at these sizes, with OpenBLAS's own threads on the cores)
+//! and compute every row by the same code, independently of the others, so
+//! a prompt gives the same bits however many rows share a call.
 
 use mlx_rs::{ops, Array, Dtype};
 
@@ -163,23 +164,19 @@ fn swiglu_rows(g: &[f32], u: &[f32], out: &mut [f32]) {
     swiglu_body(g, u, out)
 }
 
-/// Runs `f(first_row, rows_out)` over `out` split in row blocks, one thread
-/// per block (at most one per core, and only when there is enough work).
-fn par_rows(out: &mut [f32], row_len: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
-    let rows = out.len() / row_len.max(1);
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let threads = cores.min(out.len() / (1 << 15)).clamp(1, rows.max(1));
-    if threads == 1 {
-        f(0, out);
-        return;
+/// Fills a scratch buffer of `len` floats with `fill` and returns an MLX
+/// array of `shape` copied from it. The buffer is kept per thread and
+/// reused, so the pages are not faulted in anew for every layer.
+fn with_scratch(len: usize, shape: &[i32], fill: impl FnOnce(&mut [f32])) -> Array {
+    thread_local! {
+        static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
     }
-    let per = rows.div_ceil(threads);
-    std::thread::scope(|s| {
-        for (i, block) in out.chunks_mut(per * row_len).enumerate() {
-            let f = &f;
-            s.spawn(move || f(i * per, block));
-        }
-    });
+    SCRATCH.with(|cell| {
+        let mut buf = cell.borrow_mut();
+        buf.resize(len, 0.0);
+        fill(&mut buf[..len]);
+        Array::from_slice(&buf[..len], shape)
+    })
 }
 
 /// The array in float32 and row-major order, evaluated, so that its
@@ -215,15 +212,13 @@ pub fn attention(q: &Array, k: &Array, v: &Array, scale: f32, causal: bool) -> M
     let scores = host_f32(&scores)?;
     let xs = scores.as_slice::<f32>();
     let (l, t) = (l as usize, t as usize);
-    let mut probs = vec![0.0f32; xs.len()];
-    par_rows(&mut probs, t, |first, out| {
-        for (j, row) in out.chunks_exact_mut(t).enumerate() {
-            let r = first + j;
+    let probs = with_scratch(xs.len(), scores.shape(), |out| {
+        for (r, row) in out.chunks_exact_mut(t).enumerate() {
             let valid = if causal { t - l + r % l + 1 } else { t };
             softmax_row(&xs[r * t..(r + 1) * t], valid, row);
         }
-    });
-    let probs = Array::from_slice(&probs, scores.shape()).as_dtype(v.dtype())?;
+    })
+    .as_dtype(v.dtype())?;
     let out = ops::matmul(&probs, v)?;
     Ok(ops::reshape(&out, &[b, h, l as i32, d])?)
 }
@@ -232,14 +227,8 @@ pub fn attention(q: &Array, k: &Array, v: &Array, scale: f32, causal: bool) -> M
 pub fn swiglu(gate: &Array, up: &Array) -> MlxResult<Array> {
     let (g, u) = (host_f32(gate)?, host_f32(up)?);
     let (g, u) = (g.as_slice::<f32>(), u.as_slice::<f32>());
-    let mut out = vec![0.0f32; g.len()];
-    let width = *gate.shape().last().unwrap_or(&1) as usize;
-    par_rows(&mut out, width, |first, block| {
-        let start = first * width;
-        let end = start + block.len();
-        swiglu_rows(&g[start..end], &u[start..end], block);
-    });
-    Ok(Array::from_slice(&out, gate.shape()).as_dtype(gate.dtype())?)
+    let out = with_scratch(g.len(), gate.shape(), |out| swiglu_rows(g, u, out));
+    Ok(out.as_dtype(gate.dtype())?)
 }
 
 #[cfg(test)]
@@ -288,23 +277,10 @@ mod tests {
     }
 
     #[test]
-    fn rows_do_not_depend_on_the_split() {
-        let t = 300;
-        let xs: Vec<f32> = (0..t * 400)
-            .map(|i| ((i * 7919) % 1000) as f32 / 97.0)
-            .collect();
-        let run = |rows: usize| {
-            let mut out = vec![0.0f32; rows * t];
-            par_rows(&mut out, t, |first, block| {
-                for (j, row) in block.chunks_exact_mut(t).enumerate() {
-                    let r = first + j;
-                    softmax_row(&xs[r * t..(r + 1) * t], t - r % 7, row);
-                }
-            });
-            out
-        };
-        let all = run(400);
-        let few = run(3);
-        assert_eq!(all[..3 * t], few[..]);
+    fn scratch_arrays_are_independent_copies() {
+        let a = with_scratch(4, &[2, 2], |b| b.copy_from_slice(&[1.0, 2.0, 3.0, 4.0]));
+        let b = with_scratch(2, &[2], |b| b.copy_from_slice(&[7.0, 8.0]));
+        assert_eq!(a.as_slice::<f32>(), &[1.0, 2.0, 3.0, 4.0]);
+        assert_eq!(b.as_slice::<f32>(), &[7.0, 8.0]);
     }
 }
