@@ -130,22 +130,37 @@ impl Attention {
         )?)
     }
 
+    /// Attention of every position of `x` (`[B, L, D]`), extending `cache`.
     fn forward(&self, x: &Array, cache: &mut KvCache) -> MlxResult<Array> {
-        let (b, l) = (x.shape()[0], x.shape()[1]);
+        self.attend(x, x, cache)
+    }
+
+    /// Attention of the last position of `x` only; `cache` still gains
+    /// every position's keys and values.
+    fn forward_last(&self, x: &Array, cache: &mut KvCache) -> MlxResult<Array> {
+        self.attend(x, &last_position(x)?, cache)
+    }
+
+    /// Keys and values of all of `x`, queries of `queries` (the last
+    /// positions of `x`).
+    fn attend(&self, x: &Array, queries: &Array, cache: &mut KvCache) -> MlxResult<Array> {
+        let b = x.shape()[0];
         let heads = |y: Array, n: i32| -> MlxResult<Array> {
+            let l = y.shape()[1];
             Ok(ops::reshape(&y, &[b, l, n, -1])?.transpose_axes(&[0, 2, 1, 3])?)
         };
-        let q = heads(self.q_proj.forward(x)?, self.n_heads)?;
+        let l = queries.shape()[1];
+        let q = heads(self.q_proj.forward(queries)?, self.n_heads)?;
         let k = heads(self.k_proj.forward(x)?, self.n_kv_heads)?;
         let v = heads(self.v_proj.forward(x)?, self.n_kv_heads)?;
 
         let offset = cache.offset();
-        let q = self.rope(&q, offset)?;
+        let q = self.rope(&q, offset + (x.shape()[1] - l) as usize)?;
         let k = self.rope(&k, offset)?;
         let (k, v) = cache.update_and_fetch(k, v)?;
 
-        // A single new token attends to everything; several attend causally
-        // (MLX aligns the causal mask to the end when keys outnumber queries).
+        // A single query attends to everything; several attend causally
+        // (the mask is aligned to the end when keys outnumber queries).
         let out = if self.host_kernels {
             host::attention(&q, &k, &v, self.scale, l > 1)?
         } else {
@@ -155,6 +170,16 @@ impl Attention {
         let out = ops::reshape(&out.transpose_axes(&[0, 2, 1, 3])?, &[b, l, -1])?;
         self.o_proj.forward(&out)
     }
+}
+
+/// The last position of `x` (`[B, L, D]` → `[B, 1, D]`).
+fn last_position(x: &Array) -> MlxResult<Array> {
+    let l = x.shape()[1];
+    Ok(ops::indexing::take_axis(
+        x,
+        Array::from_slice(&[l - 1], &[1]),
+        1,
+    )?)
 }
 
 struct Mlp {
@@ -215,6 +240,19 @@ impl TransformerBlock {
                 .self_attn
                 .forward(&self.input_layernorm.forward(x)?, cache)?,
         )?;
+        self.feed_forward(h)
+    }
+
+    /// The block's output at the last position of `x` only (its keys and
+    /// values still go to `cache` for every position).
+    fn forward_last(&self, x: &Array, cache: &mut KvCache) -> MlxResult<Array> {
+        let attn = self
+            .self_attn
+            .forward_last(&self.input_layernorm.forward(x)?, cache)?;
+        self.feed_forward(ops::add(&last_position(x)?, &attn)?)
+    }
+
+    fn feed_forward(&self, h: Array) -> MlxResult<Array> {
         let r = self
             .mlp
             .forward(&self.post_attention_layernorm.forward(&h)?)?;
@@ -266,6 +304,22 @@ impl Model {
         let mut h = self.embed_tokens.forward(tokens)?;
         for (layer, c) in self.layers.iter().zip(cache.layers.iter_mut()) {
             h = layer.forward(&h, c)?;
+        }
+        self.norm.forward(&h)
+    }
+
+    /// Like [`Model::hidden`], for the last position only (`[batch, 1, D]`):
+    /// the last block computes its output there alone, since nothing reads
+    /// it elsewhere; every block's cache still gains every position.
+    pub fn last_hidden(&self, tokens: &Array, cache: &mut ModelCache) -> MlxResult<Array> {
+        let mut h = self.embed_tokens.forward(tokens)?;
+        let last = self.layers.len() - 1;
+        for (i, (layer, c)) in self.layers.iter().zip(cache.layers.iter_mut()).enumerate() {
+            h = if i == last {
+                layer.forward_last(&h, c)?
+            } else {
+                layer.forward(&h, c)?
+            };
         }
         self.norm.forward(&h)
     }

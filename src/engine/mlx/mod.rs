@@ -131,6 +131,15 @@ impl MlxModel {
         }
     }
 
+    /// The final hidden state of the last of `tokens` (`[1, 1, D]`),
+    /// extending `cache` by all of them.
+    pub fn last_hidden(&self, tokens: &[u32], cache: &mut ModelCache) -> MlxResult<Array> {
+        let ids = Array::from_slice(tokens, &[1, tokens.len() as i32]);
+        match &self.arch {
+            Architecture::Llama(m) => m.last_hidden(&ids, cache),
+        }
+    }
+
     /// Logits over the vocabulary for hidden states.
     pub fn logits(&self, hidden: &Array) -> MlxResult<Array> {
         match &self.arch {
@@ -148,13 +157,7 @@ impl MlxModel {
     ) -> MlxResult<Array> {
         let mut last = None;
         for part in tokens.chunks(chunk.max(1)) {
-            let h = self.hidden(part, cache)?;
-            let n = h.shape()[1];
-            last = Some(ops::indexing::take_axis(
-                &h,
-                Array::from_slice(&[n - 1], &[1]),
-                1,
-            )?);
+            last = Some(self.last_hidden(part, cache)?);
             if part.len() == chunk {
                 cache.eval()?;
             }
@@ -173,9 +176,7 @@ impl MlxModel {
     /// The float32 logits of the last position of `tokens` on a fresh cache.
     pub fn last_logits(&self, tokens: &[u32]) -> MlxResult<Vec<f32>> {
         let mut cache = self.new_cache();
-        let h = self.hidden(tokens, &mut cache)?;
-        let n = h.shape()[1];
-        let last = ops::indexing::take_axis(&h, Array::from_slice(&[n - 1], &[1]), 1)?;
+        let last = self.last_hidden(tokens, &mut cache)?;
         let logits = self.logits(&last)?.as_type::<f32>()?;
         logits.eval()?;
         Ok(logits.as_slice::<f32>().to_vec())
@@ -465,9 +466,7 @@ fn score(
         }
         let started = Instant::now();
         let mut cache = snapshot.cache.clone();
-        let h = model.hidden(&q.suffix, &mut cache)?;
-        let n = h.shape()[1];
-        let last = ops::indexing::take_axis(&h, Array::from_slice(&[n - 1], &[1]), 1)?;
+        let last = model.last_hidden(&q.suffix, &mut cache)?;
         let logits = ops::reshape(model.logits(&last)?.as_type::<f32>()?, &[-1])?;
         let norm = ops::logsumexp(&logits, false)?;
         let read: Vec<i32> = q.read.iter().map(|&t| t as i32).collect();
@@ -568,7 +567,7 @@ fn generate(
             return Ok(());
         }
         if step + 1 < request.max_tokens {
-            hidden = model.hidden(&[token], &mut cache)?;
+            hidden = model.last_hidden(&[token], &mut cache)?;
         }
     }
     send(GenerateEvent::Finished(FinishReason::Length));
