@@ -26,8 +26,8 @@ use self::cache::ModelCache;
 use self::sample::Rng;
 use super::prefix_cache::{PrefixCache, Weighed};
 use super::{
-    Engine, EngineError, EngineStatus, FinishReason, GenerateEvent, GenerateRequest,
-    GenerateStream, ModelInfo, QuestionScore, ScoreReceiver, ScoreRequest, ScoreResult,
+    Capabilities, Engine, EngineError, EngineStatus, FinishReason, GenerateEvent, GenerateRequest,
+    GenerateStream, ModelInfo, PadPolicy, QuestionScore, ScoreReceiver, ScoreRequest, ScoreResult,
     TokenLogprobs,
 };
 use crate::metrics::Metrics;
@@ -233,6 +233,9 @@ pub struct MlxOptions {
     pub max_queue: usize,
     /// Prompt tokens per forward pass while reading a prompt.
     pub prefill_chunk: usize,
+    /// How states are padded (`none` unless asked: MLX's cache needs no
+    /// blocks; `block` makes prompts equal to a vLLM backend's).
+    pub padding: PadPolicy,
 }
 
 enum Job {
@@ -272,6 +275,7 @@ pub struct MlxEngine {
     depth: Arc<AtomicUsize>,
     status: Arc<Mutex<EngineStatus>>,
     max_queue: usize,
+    padding: PadPolicy,
 }
 
 impl MlxEngine {
@@ -280,6 +284,7 @@ impl MlxEngine {
     pub fn start(dir: PathBuf, options: MlxOptions) -> MlxResult<Self> {
         let info = MlxModel::describe(&dir)?;
         let max_queue = options.max_queue.max(1);
+        let padding = options.padding;
         let (jobs, rx) = mpsc::channel(max_queue);
         let depth = Arc::new(AtomicUsize::new(0));
         let status = Arc::new(Mutex::new(EngineStatus::Loading));
@@ -294,6 +299,7 @@ impl MlxEngine {
             depth,
             status,
             max_queue,
+            padding,
         })
     }
 }
@@ -342,6 +348,13 @@ impl Engine for MlxEngine {
         let (reply, rx) = oneshot::channel();
         self.submit(Job::Score { request, reply })?;
         Ok(rx)
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            padding: self.padding,
+            ..Capabilities::default()
+        }
     }
 }
 
@@ -490,9 +503,13 @@ fn generate(
             send(GenerateEvent::Finished(FinishReason::Stop));
             return Ok(());
         }
-        let logprobs = request
-            .logprobs
-            .map(|k| sample::token_logprobs(&row, token, k));
+        let logprobs = request.logprobs.map(|k| {
+            if request.logprob_token_ids.is_empty() {
+                sample::token_logprobs(&row, token, k)
+            } else {
+                sample::named_logprobs(&row, token, &request.logprob_token_ids)
+            }
+        });
         if !send(GenerateEvent::Token {
             id: token,
             logprobs,
