@@ -857,10 +857,7 @@ async fn generate(
             .logprobs
             .and_then(|k| entry(i, &request.logprob_token_ids, k));
         if events
-            .send(Ok(GenerateEvent::Token {
-                id,
-                logprobs,
-            }))
+            .send(Ok(GenerateEvent::Token { id, logprobs }))
             .await
             .is_err()
         {
