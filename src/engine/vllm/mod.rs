@@ -872,3 +872,61 @@ async fn generate(
     let _ = events.send(Ok(GenerateEvent::Finished(reason))).await;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A `/v1/completions` answer in the shape of vLLM's
+    /// `CompletionResponse` with `logprob_token_ids` and
+    /// `return_tokens_as_token_ids`: the sampled token and the named ids at
+    /// the one generated position, and vLLM's usage details.
+    const VLLM_ANSWER: &str = r#"{
+        "id": "cmpl-0", "object": "text_completion", "created": 1, "model": "m",
+        "choices": [{"index": 0, "text": " A", "finish_reason": "length", "stop_reason": null,
+            "logprobs": {"text_offset": [0], "token_logprobs": [-0.25],
+                "tokens": ["token_id:330"],
+                "top_logprobs": [{"token_id:330": -0.25, "token_id:32": -1.5,
+                    "token_id:33": -2.0, "token_id:34": -3.25}]},
+            "prompt_logprobs": null, "prompt_token_ids": null}],
+        "usage": {"prompt_tokens": 48, "total_tokens": 49, "completion_tokens": 1,
+            "prompt_tokens_details": {"cached_tokens": 32}},
+        "kv_transfer_params": null
+    }"#;
+
+    #[test]
+    fn reads_letters_from_a_vllm_answer() {
+        let r: CompletionResponse = serde_json::from_str(VLLM_ANSWER).unwrap();
+        let found = first_position(&r).unwrap();
+        assert_eq!(found.get(&32), Some(&-1.5));
+        assert_eq!(found.get(&34), Some(&-3.25));
+        assert_eq!(found.get(&35), None);
+        assert_eq!(
+            r.usage
+                .unwrap()
+                .prompt_tokens_details
+                .unwrap()
+                .cached_tokens,
+            Some(32)
+        );
+        let top = r.choices[0].logprobs.as_ref().unwrap().top_logprobs[0].clone();
+        // The top k without the token itself when it came on top of them
+        // (k + 1 entries), all of them when it was among them (k entries).
+        assert_eq!(
+            alternatives(top.as_ref(), 34, 3, &[]),
+            vec![(330, -0.25), (32, -1.5), (33, -2.0)]
+        );
+        assert_eq!(alternatives(top.as_ref(), 330, 4, &[]).len(), 4);
+        assert_eq!(
+            alternatives(top.as_ref(), 330, 2, &[34, 32]),
+            vec![(34, -3.25), (32, -1.5)]
+        );
+    }
+
+    #[test]
+    fn a_completion_without_logprobs_is_an_error() {
+        let r: CompletionResponse =
+            serde_json::from_str(r#"{"choices": [{"text": "x", "logprobs": null}]}"#).unwrap();
+        assert!(first_position(&r).is_err());
+    }
+}

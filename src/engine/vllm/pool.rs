@@ -358,3 +358,98 @@ impl Pool {
         Err(last.unwrap_or_else(|| UpstreamError::NoneAvailable("no upstream was tried".into())))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool(urls: &[&str]) -> Pool {
+        let urls: Vec<String> = urls.iter().map(|s| s.to_string()).collect();
+        let p = Pool::new(
+            &urls,
+            None,
+            UpstreamLimits::default(),
+            Arc::new(Metrics::new()),
+        )
+        .unwrap();
+        for u in &p.upstreams {
+            p.admit(u);
+        }
+        p
+    }
+
+    #[test]
+    fn rendezvous_moves_only_the_keys_of_a_replica_that_leaves() {
+        let p = pool(&["http://a:1", "http://b:1", "http://c:1"]);
+        let keys: Vec<[u8; 8]> = (0u64..3000).map(|i| i.to_le_bytes()).collect();
+        let first = |p: &Pool, k: &[u8]| p.order(k)[0].url.clone();
+        let before: Vec<String> = keys.iter().map(|k| first(&p, k)).collect();
+        // Spread over all three, roughly evenly.
+        for url in ["http://a:1", "http://b:1", "http://c:1"] {
+            let n = before.iter().filter(|u| *u == url).count();
+            assert!((800..1200).contains(&n), "{url}: {n}");
+        }
+        // Eject b: only b's keys move; a's and c's stay.
+        p.set_ejected(&p.upstreams[1], true);
+        for (k, was) in keys.iter().zip(&before) {
+            let now = first(&p, k);
+            if was != "http://b:1" {
+                assert_eq!(&now, was);
+            } else {
+                assert_ne!(now, "http://b:1");
+            }
+        }
+        // Admit it again: every key is back where it was.
+        p.admit(&p.upstreams[1]);
+        let again: Vec<String> = keys.iter().map(|k| first(&p, k)).collect();
+        assert_eq!(again, before);
+    }
+
+    #[test]
+    fn ejection_and_readmission_follow_the_counts() {
+        let p = pool(&["http://a:1"]);
+        let u = &p.upstreams[0];
+        *u.probed.lock().unwrap() = Some(Probed {
+            model: "m".into(),
+            max_model_len: None,
+            method: LetterMethod::TokenIds,
+        });
+        p.failed(u);
+        assert!(u.is_ejected(), "eject_after is 1");
+        p.passed(u);
+        assert!(u.is_ejected(), "readmit_after is 2");
+        p.passed(u);
+        assert!(!u.is_ejected());
+        assert!(p.order(b"k").len() == 1);
+    }
+
+    #[test]
+    fn only_transient_failures_are_retried() {
+        let status = |s| UpstreamError::Status {
+            url: "u".into(),
+            status: s,
+            message: String::new(),
+        };
+        assert!(status(500).retryable());
+        assert!(status(503).retryable());
+        assert!(!status(400).retryable());
+        assert!(UpstreamError::Timeout {
+            url: "u".into(),
+            seconds: 1.0
+        }
+        .retryable());
+        assert!(!UpstreamError::Invalid {
+            url: "u".into(),
+            message: String::new()
+        }
+        .retryable());
+        assert!(matches!(
+            EngineError::from(status(400)),
+            EngineError::Upstream(_)
+        ));
+        assert!(matches!(
+            EngineError::from(status(503)),
+            EngineError::UpstreamUnavailable(_)
+        ));
+    }
+}
