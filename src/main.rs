@@ -30,7 +30,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Serve a model over HTTP.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Turn a GGUF checkpoint into an MLX conversion folder.
     Convert(decisio::convert::ConvertArgs),
 }
@@ -204,7 +204,7 @@ fn main() -> Result<()> {
         )
         .init();
     match Cli::parse().command {
-        Command::Serve(args) => serve(args),
+        Command::Serve(args) => serve(*args),
         Command::Convert(args) => decisio::convert::run(args),
     }
 }

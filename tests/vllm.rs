@@ -390,7 +390,7 @@ fn killing_one_of_three_upstreams_mid_run_loses_no_request() {
     let sent = 4 * bodies.len();
     assert_eq!(answered, sent);
     assert_eq!(
-        metric(&vllm, "decisio_http_requests_total", "route=\"/v1/decide\"") as usize,
+        metric(vllm, "decisio_http_requests_total", "route=\"/v1/decide\"") as usize,
         sent
     );
 }
