@@ -404,7 +404,7 @@ fn exit_if_load_fails(route: Arc<TextRoute>) {
     std::thread::spawn(move || loop {
         match route.engine().status() {
             EngineStatus::Loading => std::thread::sleep(std::time::Duration::from_millis(100)),
-            EngineStatus::Ready => return,
+            EngineStatus::Ready | EngineStatus::Unavailable(_) => return,
             EngineStatus::Failed(e) => {
                 eprintln!("error: the model failed to load: {e}");
                 std::process::exit(1);

@@ -303,6 +303,10 @@ fn upstream_faults_are_openai_errors() {
         ),
         1.0
     );
+    // Its /health says so, for a load balancer in front of the gateway.
+    let r = vllm.request("GET", "/health", &[], None).unwrap();
+    assert_error(&r, 503, "ejected");
+    assert_eq!(r.json()["error"]["code"], "upstream_unavailable");
 }
 
 #[test]

@@ -258,6 +258,9 @@ pub enum EngineStatus {
     Loading,
     Ready,
     Failed(String),
+    /// Loaded, but nothing can serve now (the vLLM backend with every
+    /// upstream ejected); it may recover by itself.
+    Unavailable(String),
 }
 
 /// The seam between the route and a backend.

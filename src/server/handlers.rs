@@ -52,6 +52,9 @@ pub async fn health(state: web::Data<AppState>) -> Result<HttpResponse> {
         EngineStatus::Ready => Ok(HttpResponse::Ok().finish()),
         EngineStatus::Loading => Err(crate::engine::EngineError::Loading.into()),
         EngineStatus::Failed(e) => Err(crate::engine::EngineError::LoadFailed(e).into()),
+        EngineStatus::Unavailable(e) => {
+            Err(crate::engine::EngineError::UpstreamUnavailable(e).into())
+        }
     }
 }
 

@@ -265,11 +265,17 @@ impl Engine for VllmEngine {
     }
 
     fn status(&self) -> EngineStatus {
-        if self.inner.ready.load(Ordering::Relaxed) {
-            EngineStatus::Ready
-        } else {
-            EngineStatus::Loading
+        if !self.inner.ready.load(Ordering::Relaxed) {
+            return EngineStatus::Loading;
         }
+        let upstreams = &self.inner.pool.upstreams;
+        if upstreams.iter().all(|u| u.is_ejected()) {
+            return EngineStatus::Unavailable(format!(
+                "all {} upstream servers are ejected (failing their health checks); retry later",
+                upstreams.len()
+            ));
+        }
+        EngineStatus::Ready
     }
 
     fn queue_depth(&self) -> usize {
