@@ -49,4 +49,5 @@ test: cargo-test e2e
 bench: setup
 	$(PYTHON) scripts/bench/first_token.py
 	$(PYTHON) scripts/bench/cpu_kernels.py
+	$(PYTHON) scripts/bench/host_kernels.py
 	$(PYTHON) scripts/bench/decide.py

@@ -315,6 +315,7 @@ fn serve(args: ServeArgs) -> Result<()> {
                 metrics: metrics.clone(),
                 max_queue: limits.max_queue,
                 prefill_chunk: limits.prefill_chunk,
+                answers_per_state: limits.answers_per_state,
                 padding,
             },
         )?),

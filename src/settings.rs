@@ -24,6 +24,9 @@ pub struct Limits {
     pub prefix_cache_mib: u64,
     /// The letter temperature when neither the request nor a task sets one.
     pub letter_temperature: f64,
+    /// Answers remembered with each cached state, so that a question asked
+    /// again on it is answered without running its suffix (same bits).
+    pub answers_per_state: usize,
 }
 
 impl Default for Limits {
@@ -38,6 +41,7 @@ impl Default for Limits {
             prefill_chunk: 256,
             prefix_cache_mib: 2048,
             letter_temperature: 1.0,
+            answers_per_state: 256,
         }
     }
 }

@@ -5,12 +5,15 @@ Usage: python scripts/bench/decide.py [--states 6]
 On the fixture's dense copy (both servers on the same MLX CPU kernels, both
 with OpenBLAS), for states of about 1,000 tokens built from MMLU:
   (a) one question on a new state,
-  (b) the same question on that state seen before,
+  (b) one question not asked before, on that state seen before,
+  (b') the question of (b) asked again (an identical prompt),
   (c) the time per question when 100 questions share one state.
 decisio answers through POST /v1/decide (prefix cache on); mlx_lm.server
 answers the same prompts through chat completions with max_tokens 1 and
-top_logprobs 10, its prompt cache on: (a) a new state's prompt, (b) the same
-prompt again, (c) 100 prompts sharing the state, one request each.
+top_logprobs 10, its prompt cache on: (a) a new state's prompt, (b) another
+question on the state, (b') that prompt again, (c) 100 prompts sharing the
+state, one request each. Every round of (c) uses 100 questions not asked
+before, so that neither server recalls an answer.
 Also records decisio's peak resident memory and prefix-cache bytes for
 states of about 1k, 4k and 7.5k tokens (the fixture's context is 8,192).
 Writes runs/<date>_decide/{summary.md,results.json,memory.json}.
@@ -77,7 +80,8 @@ def main():
     tok = AutoTokenizer.from_pretrained(str(common.MODEL))
     rows = common.mmlu_rows()
     sts, cursor = states(tok, rows, args.states + 1, 1000)
-    questions = rows[cursor: cursor + 100]
+    questions = rows[cursor: cursor + 2 + 100 * args.rounds]
+    qa, qb = questions[0], questions[1]
 
     ours, op = common.start_decisio(model)
     theirs, tp = common.start_mlx_lm(model)
@@ -86,32 +90,29 @@ def main():
     chat = lambda s, q: {"model": str(model), "max_tokens": 1, "temperature": 0, "logprobs": True,
                          "top_logprobs": 10,
                          "messages": [{"role": "user", "content": s + "\n\n" + block(q)}]}
-    res = {"a": {"decisio": [], "mlx_lm": []}, "b": {"decisio": [], "mlx_lm": []},
-           "c": {"decisio": [], "mlx_lm": []}}
+    res = {k: {"decisio": [], "mlx_lm": []} for k in ("a", "b", "b'", "c")}
     try:
         # Warm-up on a state not measured.
         common.post(op, "/v1/decide", {"state": sts[0], "questions": [q0]})
         common.post(tp, "/v1/chat/completions", chat(sts[0], questions[0]))
         for s in sts[1:]:
-            t, r = common.post(op, "/v1/decide", {"state": s, "questions": [q0]})
-            assert r["state"]["cached"] is False
-            res["a"]["decisio"].append(t)
-            t, _ = common.post(tp, "/v1/chat/completions", chat(s, questions[0]))
-            res["a"]["mlx_lm"].append(t)
-            t, r = common.post(op, "/v1/decide", {"state": s, "questions": [q0]})
-            assert r["state"]["cached"] is True
-            res["b"]["decisio"].append(t)
-            t, _ = common.post(tp, "/v1/chat/completions", chat(s, questions[0]))
-            res["b"]["mlx_lm"].append(t)
-        # (c): 100 questions on the last state (seen before by both).
+            for case, q, cached in (("a", qa, False), ("b", qb, True), ("b'", qb, True)):
+                t, r = common.post(op, "/v1/decide", {"state": s, "questions": [dq(q)]})
+                assert r["state"]["cached"] is cached
+                res[case]["decisio"].append(t)
+                t, _ = common.post(tp, "/v1/chat/completions", chat(s, q))
+                res[case]["mlx_lm"].append(t)
+        # (c): 100 new questions per round on the last state (seen before by both).
         s = sts[-1]
-        for _ in range(args.rounds):
-            t, r = common.post(op, "/v1/decide", {"state": s, "questions": [dq(q) for q in questions]})
-            res["c"]["decisio"].append(t / len(questions))
+        for k in range(args.rounds):
+            batch = questions[2 + 100 * k: 102 + 100 * k]
+            t, r = common.post(op, "/v1/decide", {"state": s, "questions": [dq(q) for q in batch]})
+            assert r["usage"]["cached_tokens"] == r["state"]["tokens"], "no answer may be recalled"
+            res["c"]["decisio"].append(t / len(batch))
             t0 = time.perf_counter()
-            for q in questions:
+            for q in batch:
                 common.post(tp, "/v1/chat/completions", chat(s, q))
-            res["c"]["mlx_lm"].append((time.perf_counter() - t0) / len(questions))
+            res["c"]["mlx_lm"].append((time.perf_counter() - t0) / len(batch))
     finally:
         theirs.terminate()
 
@@ -123,7 +124,7 @@ def main():
         for target in (1000, 4000, 7500):
             (s,), _ = states(tok, rows[cursor + 100 + target // 10:], 1, target)
             before = metric(op, "decisio_prefix_cache_bytes")
-            _, r = common.post(op, "/v1/decide", {"state": s, "questions": [q0]})
+            _, r = common.post(op, "/v1/decide", {"state": s, "questions": [dq(qa)]})
             memory.append({"state_tokens": r["state"]["tokens"],
                            "prefix_cache_entry_bytes": metric(op, "decisio_prefix_cache_bytes") - before,
                            "peak_rss_bytes": peak_rss(ours.pid)})
@@ -143,7 +144,7 @@ def main():
     (out / "memory.json").write_text(json.dumps(memory, indent=2))
     rows_md = "\n".join(
         f"| ({k}) | {summary[k]['decisio_ms']:.1f} | {summary[k]['mlx_lm_ms']:.1f} | **{summary[k]['ratio']:.3f}** |"
-        for k in ("a", "b", "c"))
+        for k in ("a", "b", "b'", "c"))
     mem_md = "\n".join(f"| {m['state_tokens']} | {m['prefix_cache_entry_bytes']/2**20:.1f} | {m['peak_rss_bytes']/2**20:.0f} |" for m in memory)
     (out / "summary.md").write_text(f"""# Decisions on a shared state
 
@@ -158,9 +159,12 @@ Times: the client's wall time, medians.
 |---|---|---|---|
 {rows_md}
 
-(a) one question on a new state; (b) the same question on that state seen
-before; (c) per question when 100 questions share one state (decisio: one
-request of 100 questions; mlx_lm.server: 100 requests).
+(a) one question on a new state; (b) one question not asked before, on that
+state seen before; (b') the question of (b) again, an identical prompt
+(decisio recalls the answer it keeps with the cached state; mlx_lm.server's
+prompt cache runs the last token); (c) per question when 100 questions not
+asked before share one state (decisio: one request of 100 questions;
+mlx_lm.server: 100 requests).
 
 decisio: **b/a = {ratios['b/a']:.3f}** (target at most 0.2), **c/b = {ratios['c/b']:.3f}**
 (target at most 1.0). Targets against mlx_lm.server: at most 0.5x on (b) and

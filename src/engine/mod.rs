@@ -140,6 +140,9 @@ pub struct QuestionScore {
     pub hidden: Option<Vec<f32>>,
     /// Seconds spent on this question (its suffix and readout).
     pub seconds: f64,
+    /// The same question was answered on this state before and its scores
+    /// were remembered (no token of the suffix was run).
+    pub memoised: bool,
 }
 
 /// How the next token is chosen.

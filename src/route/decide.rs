@@ -360,7 +360,8 @@ impl TextRoute {
             &caps.padding.label(),
             &prefix,
         );
-        let suffix_tokens: usize = tokens.iter().map(|t| t.suffix.len()).sum();
+        let suffix_lengths: Vec<usize> = tokens.iter().map(|t| t.suffix.len()).collect();
+        let suffix_tokens: usize = suffix_lengths.iter().sum();
         let receiver = self.engine().score(ScoreRequest {
             state: hash,
             prefix: prefix.clone(),
@@ -372,6 +373,13 @@ impl TextRoute {
             .await
             .map_err(|_| RouteError::Engine(crate::engine::EngineError::Stopped))??;
         let label = if result.cached { "cached" } else { "new" };
+        let memoised_tokens: usize = result
+            .questions
+            .iter()
+            .zip(&suffix_lengths)
+            .filter(|(score, _)| score.memoised)
+            .map(|(_, &n)| n)
+            .sum();
         let per_question = started.elapsed().as_secs_f64() / questions.len() as f64;
         let mut answers = Vec::with_capacity(questions.len());
         for (q, score) in questions.into_iter().zip(result.questions) {
@@ -393,7 +401,7 @@ impl TextRoute {
             },
             answers,
             prompt_tokens: prefix.len() + suffix_tokens,
-            cached_tokens: if result.cached { prefix.len() } else { 0 },
+            cached_tokens: if result.cached { prefix.len() } else { 0 } + memoised_tokens,
         })
     }
 

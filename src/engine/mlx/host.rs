@@ -1,18 +1,18 @@
 //! Host kernels for the two steps MLX's CPU build runs slowly: the softmax of
 //! attention and the SiLU gate of the MLP.
 //!
-//! MLX's CPU backend computes `exp` one element at a time: 16 ms for the
-//! 1.4 M attention scores of one layer when a 120-token question reads a
-//! 1,255-token state, against 0.3 ms for a multiply of the same size and
-//! about 2 ms for each of the two matrix products around it
-//! (runs/2026-11-30_host-kernels). So on the CPU, the scores are computed by
+//! MLX's CPU backend computes `exp` one element at a time: over the attention
+//! scores of one layer it costs tens of times a multiply of the same size and
+//! several times the two matrix products around it
+//! (runs/2026-11-30_host-kernels has the figures). So on the CPU, the scores are computed by
 //! MLX (OpenBLAS), evaluated, and turned into probabilities here, with an
-//! `exp` the compiler vectorises and one thread per core; the products stay
+//! `exp` the compiler vectorises; the products stay
 //! in MLX. On Metal none of this is used.
 //!
-//! The kernels are deterministic: every row is computed by one thread with
-//! the same code whatever the split, so a prompt gives the same bits however
-//! many rows share a call.
+//! The kernels run on the engine thread (a second thread per call cost more
+//! than it saved at these sizes, with OpenBLAS's own threads on the cores)
+//! and compute every row by the same code, independently of the others, so
+//! a prompt gives the same bits however many rows share a call.
 
 use mlx_rs::{ops, Array, Dtype};
 
@@ -41,7 +41,7 @@ fn exp(x: f32) -> f32 {
     p = p * r + 8.333_452e-3;
     p = p * r + 4.166_579_6e-2;
     p = p * r + 1.666_666_5e-1;
-    p = p * r + 5.000_000_1e-1;
+    p = p * r + 0.5;
     let er = p * r * r + r + 1.0;
     let k = (shifted.to_bits() as i32).wrapping_sub(ROUND.to_bits() as i32);
     let scale = f32::from_bits(((k + 127) << 23) as u32);
@@ -56,6 +56,7 @@ fn exp(x: f32) -> f32 {
 /// in a fixed order, so they vectorise and stay deterministic.
 const LANES: usize = 8;
 
+#[inline(always)]
 fn max(xs: &[f32]) -> f32 {
     let mut acc = [f32::NEG_INFINITY; LANES];
     let mut chunks = xs.chunks_exact(LANES);
@@ -72,6 +73,7 @@ fn max(xs: &[f32]) -> f32 {
 }
 
 /// Writes `exp(x - m)` into `out` and returns its sum.
+#[inline(always)]
 fn exp_shifted(xs: &[f32], m: f32, out: &mut [f32]) -> f32 {
     for (o, &x) in out.iter_mut().zip(xs) {
         *o = exp(x - m);
@@ -88,7 +90,8 @@ fn exp_shifted(xs: &[f32], m: f32, out: &mut [f32]) -> f32 {
 }
 
 /// Softmax of one row whose first `valid` entries take part; the rest get 0.
-fn softmax_row(xs: &[f32], valid: usize, out: &mut [f32]) {
+#[inline(always)]
+fn softmax_row_body(xs: &[f32], valid: usize, out: &mut [f32]) {
     let (live, masked) = out.split_at_mut(valid);
     let m = max(&xs[..valid]);
     let sum = exp_shifted(&xs[..valid], m, live);
@@ -99,23 +102,81 @@ fn softmax_row(xs: &[f32], valid: usize, out: &mut [f32]) {
     masked.fill(0.0);
 }
 
-/// Runs `f(first_row, rows_out)` over `out` split in row blocks, one thread
-/// per block (at most one per core, and only when there is enough work).
-fn par_rows(out: &mut [f32], row_len: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
-    let rows = out.len() / row_len.max(1);
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let threads = cores.min(out.len() / (1 << 15)).clamp(1, rows.max(1));
-    if threads == 1 {
-        f(0, out);
-        return;
+/// `silu(g) * u` into `out`.
+#[inline(always)]
+fn swiglu_body(g: &[f32], u: &[f32], out: &mut [f32]) {
+    for ((o, &g), &u) in out.iter_mut().zip(g).zip(u) {
+        *o = g / (1.0 + exp(-g)) * u;
     }
-    let per = rows.div_ceil(threads);
-    std::thread::scope(|s| {
-        for (i, block) in out.chunks_mut(per * row_len).enumerate() {
-            let f = &f;
-            s.spawn(move || f(i * per, block));
+}
+
+/// The loops above compiled for the widest vectors the processor has: the
+/// same code and order of operations, so a machine always gives the same
+/// bits, only more lanes at a time (the build's baseline is SSE2).
+#[cfg(target_arch = "x86_64")]
+mod wide {
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn softmax_row_avx512(xs: &[f32], valid: usize, out: &mut [f32]) {
+        super::softmax_row_body(xs, valid, out)
+    }
+
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn softmax_row_avx2(xs: &[f32], valid: usize, out: &mut [f32]) {
+        super::softmax_row_body(xs, valid, out)
+    }
+
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn swiglu_avx512(g: &[f32], u: &[f32], out: &mut [f32]) {
+        super::swiglu_body(g, u, out)
+    }
+
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn swiglu_avx2(g: &[f32], u: &[f32], out: &mut [f32]) {
+        super::swiglu_body(g, u, out)
+    }
+}
+
+fn softmax_row(xs: &[f32], valid: usize, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: each is called only where the processor has the feature.
+        if is_x86_feature_detected!("avx512f") {
+            return unsafe { wide::softmax_row_avx512(xs, valid, out) };
         }
-    });
+        if is_x86_feature_detected!("avx2") {
+            return unsafe { wide::softmax_row_avx2(xs, valid, out) };
+        }
+    }
+    softmax_row_body(xs, valid, out)
+}
+
+fn swiglu_rows(g: &[f32], u: &[f32], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: as in `softmax_row`.
+        if is_x86_feature_detected!("avx512f") {
+            return unsafe { wide::swiglu_avx512(g, u, out) };
+        }
+        if is_x86_feature_detected!("avx2") {
+            return unsafe { wide::swiglu_avx2(g, u, out) };
+        }
+    }
+    swiglu_body(g, u, out)
+}
+
+/// Fills a scratch buffer of `len` floats with `fill` and returns an MLX
+/// array of `shape` copied from it. The buffer is kept per thread and
+/// reused, so the pages are not faulted in anew for every layer.
+fn with_scratch(len: usize, shape: &[i32], fill: impl FnOnce(&mut [f32])) -> Array {
+    thread_local! {
+        static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    SCRATCH.with(|cell| {
+        let mut buf = cell.borrow_mut();
+        buf.resize(len, 0.0);
+        fill(&mut buf[..len]);
+        Array::from_slice(&buf[..len], shape)
+    })
 }
 
 /// The array in float32 and row-major order, evaluated, so that its
@@ -151,15 +212,13 @@ pub fn attention(q: &Array, k: &Array, v: &Array, scale: f32, causal: bool) -> M
     let scores = host_f32(&scores)?;
     let xs = scores.as_slice::<f32>();
     let (l, t) = (l as usize, t as usize);
-    let mut probs = vec![0.0f32; xs.len()];
-    par_rows(&mut probs, t, |first, out| {
-        for (j, row) in out.chunks_exact_mut(t).enumerate() {
-            let r = first + j;
+    let probs = with_scratch(xs.len(), scores.shape(), |out| {
+        for (r, row) in out.chunks_exact_mut(t).enumerate() {
             let valid = if causal { t - l + r % l + 1 } else { t };
             softmax_row(&xs[r * t..(r + 1) * t], valid, row);
         }
-    });
-    let probs = Array::from_slice(&probs, scores.shape()).as_dtype(v.dtype())?;
+    })
+    .as_dtype(v.dtype())?;
     let out = ops::matmul(&probs, v)?;
     Ok(ops::reshape(&out, &[b, h, l as i32, d])?)
 }
@@ -168,19 +227,8 @@ pub fn attention(q: &Array, k: &Array, v: &Array, scale: f32, causal: bool) -> M
 pub fn swiglu(gate: &Array, up: &Array) -> MlxResult<Array> {
     let (g, u) = (host_f32(gate)?, host_f32(up)?);
     let (g, u) = (g.as_slice::<f32>(), u.as_slice::<f32>());
-    let mut out = vec![0.0f32; g.len()];
-    let width = *gate.shape().last().unwrap_or(&1) as usize;
-    par_rows(&mut out, width, |first, block| {
-        let start = first * width;
-        let (g, u) = (
-            &g[start..start + block.len()],
-            &u[start..start + block.len()],
-        );
-        for ((o, &g), &u) in block.iter_mut().zip(g).zip(u) {
-            *o = g / (1.0 + exp(-g)) * u;
-        }
-    });
-    Ok(Array::from_slice(&out, gate.shape()).as_dtype(gate.dtype())?)
+    let out = with_scratch(g.len(), gate.shape(), |out| swiglu_rows(g, u, out));
+    Ok(out.as_dtype(gate.dtype())?)
 }
 
 #[cfg(test)]
@@ -215,23 +263,24 @@ mod tests {
     }
 
     #[test]
-    fn rows_do_not_depend_on_the_split() {
-        let t = 300;
-        let xs: Vec<f32> = (0..t * 400)
-            .map(|i| ((i * 7919) % 1000) as f32 / 97.0)
+    fn wide_loops_give_the_baseline_bits() {
+        let xs: Vec<f32> = (0..1000)
+            .map(|i| ((i * 7919) % 1000) as f32 / 37.0 - 13.0)
             .collect();
-        let run = |rows: usize| {
-            let mut out = vec![0.0f32; rows * t];
-            par_rows(&mut out, t, |first, block| {
-                for (j, row) in block.chunks_exact_mut(t).enumerate() {
-                    let r = first + j;
-                    softmax_row(&xs[r * t..(r + 1) * t], t - r % 7, row);
-                }
-            });
-            out
-        };
-        let all = run(400);
-        let few = run(3);
-        assert_eq!(all[..3 * t], few[..]);
+        let (mut wide, mut base) = (vec![0.0; 1000], vec![0.0; 1000]);
+        softmax_row(&xs, 997, &mut wide);
+        softmax_row_body(&xs, 997, &mut base);
+        assert_eq!(wide, base);
+        swiglu_rows(&xs, &xs[1..], &mut wide[..999]);
+        swiglu_body(&xs, &xs[1..], &mut base[..999]);
+        assert_eq!(wide, base);
+    }
+
+    #[test]
+    fn scratch_arrays_are_independent_copies() {
+        let a = with_scratch(4, &[2, 2], |b| b.copy_from_slice(&[1.0, 2.0, 3.0, 4.0]));
+        let b = with_scratch(2, &[2], |b| b.copy_from_slice(&[7.0, 8.0]));
+        assert_eq!(a.as_slice::<f32>(), &[1.0, 2.0, 3.0, 4.0]);
+        assert_eq!(b.as_slice::<f32>(), &[7.0, 8.0]);
     }
 }

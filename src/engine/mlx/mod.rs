@@ -13,6 +13,7 @@ pub mod llama;
 pub mod loader;
 pub mod sample;
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -27,8 +28,8 @@ use self::sample::Rng;
 use super::prefix_cache::{PrefixCache, Weighed};
 use super::{
     Capabilities, Engine, EngineError, EngineStatus, FinishReason, GenerateEvent, GenerateRequest,
-    GenerateStream, ModelInfo, PadPolicy, QuestionScore, ScoreReceiver, ScoreRequest, ScoreResult,
-    TokenLogprobs,
+    GenerateStream, ModelInfo, PadPolicy, QuestionScore, QuestionTokens, ScoreReceiver,
+    ScoreRequest, ScoreResult, TokenLogprobs,
 };
 use crate::metrics::Metrics;
 
@@ -120,6 +121,13 @@ impl MlxModel {
         let ids = Array::from_slice(tokens, &[1, tokens.len() as i32]);
         match &self.arch {
             Architecture::Llama(m) => m.hidden(&ids, cache),
+        }
+    }
+
+    /// Width of the hidden states.
+    pub fn hidden_size(&self) -> usize {
+        match &self.arch {
+            Architecture::Llama(m) => m.config.hidden_size as usize,
         }
     }
 
@@ -233,6 +241,8 @@ pub struct MlxOptions {
     pub max_queue: usize,
     /// Prompt tokens per forward pass while reading a prompt.
     pub prefill_chunk: usize,
+    /// Answers remembered with each cached state.
+    pub answers_per_state: usize,
     /// How states are padded (`none` unless asked: MLX's cache needs no
     /// blocks; `block` makes prompts equal to a vLLM backend's).
     pub padding: PadPolicy,
@@ -249,10 +259,35 @@ enum Job {
     },
 }
 
-/// The model's caches after a state's prefix, as the prefix cache keeps them.
+/// The model's caches after a state's prefix, as the prefix cache keeps them,
+/// with the scores of questions already answered on it.
 struct Snapshot {
     cache: ModelCache,
+    /// The caches' bytes and room for `answers_per_state` answers.
     bytes: usize,
+    answers: Mutex<HashMap<[u8; 32], QuestionScore>>,
+}
+
+impl Snapshot {
+    fn new(cache: ModelCache, answer_room: usize) -> Self {
+        Snapshot {
+            bytes: cache.nbytes() + answer_room,
+            cache,
+            answers: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+/// What identifies a question's scores on one state: its suffix, the ids
+/// read and whether hidden states were asked for.
+fn answer_key(q: &QuestionTokens, hidden: bool) -> [u8; 32] {
+    let mut h = Sha256::new();
+    h.update((q.suffix.len() as u64).to_le_bytes());
+    for t in q.suffix.iter().chain(&q.read) {
+        h.update(t.to_le_bytes());
+    }
+    h.update([u8::from(hidden)]);
+    h.finalize().into()
 }
 
 // SAFETY: a snapshot holds MLX array handles that are never mutated after
@@ -425,16 +460,23 @@ fn score(
             cache.eval()?;
             let seconds = started.elapsed().as_secs_f64();
             options.metrics.new_state_seconds.observe(seconds);
-            let snapshot = Arc::new(Snapshot {
-                bytes: cache.nbytes(),
-                cache,
-            });
+            let room = options.answers_per_state * answer_bytes(model, request);
+            let snapshot = Arc::new(Snapshot::new(cache, room));
             prefix_cache.insert(request.state, snapshot.clone());
             (snapshot, false, Some(seconds))
         }
     };
     let mut questions = Vec::with_capacity(request.questions.len());
     for q in &request.questions {
+        let key = answer_key(q, request.hidden);
+        if let Some(known) = lock(&snapshot.answers).get(&key) {
+            questions.push(QuestionScore {
+                seconds: 0.0,
+                memoised: true,
+                ..known.clone()
+            });
+            continue;
+        }
         let started = Instant::now();
         let mut cache = snapshot.cache.clone();
         let h = model.hidden(&q.suffix, &mut cache)?;
@@ -453,18 +495,44 @@ fn score(
         let mut arrays = vec![&picked, &logprobs];
         arrays.extend(hidden.iter());
         mlx_rs::transforms::eval(arrays)?;
-        questions.push(QuestionScore {
+        let score = QuestionScore {
             logits: picked.as_slice::<f32>().to_vec(),
             logprobs: logprobs.as_slice::<f32>().to_vec(),
             hidden: hidden.map(|h| h.as_slice::<f32>().to_vec()),
             seconds: started.elapsed().as_secs_f64(),
-        });
+            memoised: false,
+        };
+        let mut answers = lock(&snapshot.answers);
+        if answers.len() < options.answers_per_state {
+            answers.insert(key, score.clone());
+        }
+        drop(answers);
+        questions.push(score);
     }
     Ok(ScoreResult {
         cached,
         new_state_seconds,
         questions,
     })
+}
+
+/// Room one remembered answer takes: the logits and log-probabilities of
+/// the ids read (26 letters, or more if a request reads more), a hidden
+/// state, the key and the map's own share.
+fn answer_bytes(model: &MlxModel, request: &ScoreRequest) -> usize {
+    let read = request
+        .questions
+        .iter()
+        .map(|q| q.read.len())
+        .max()
+        .unwrap_or(0);
+    read.max(26) * 8 + model.hidden_size() * 4 + 32 + 128
+}
+
+/// The guarded value, also after a panic elsewhere (the data stays valid:
+/// every writer inserts whole entries).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Copies a `[.., V]` float32 array with one row out to the host.

@@ -683,6 +683,7 @@ async fn score(inner: &Inner, request: &ScoreRequest) -> Result<ScoreResult, Eng
                     logprobs: lps,
                     hidden: None,
                     seconds: started.elapsed().as_secs_f64(),
+                    memoised: false,
                 },
                 cached,
             ))
