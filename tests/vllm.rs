@@ -80,8 +80,8 @@ fn compare(a: &Value, b: &Value) -> f64 {
 const PARITY_TOLERANCE: f64 = 2e-5;
 
 /// Questions of the parity test: `DECISIO_PARITY_QUESTIONS` (200 covers
-/// every reference question, about 6 minutes on 2 cores), else 60 (6
-/// states of 10 questions, about 1.5 minutes), so that the default test run
+/// every reference question, about 4.5 minutes on 2 cores), else 60 (6
+/// states of 10 questions, about 1 minute), so that the default test run
 /// stays short.
 fn parity_questions() -> usize {
     std::env::var("DECISIO_PARITY_QUESTIONS")
