@@ -8,12 +8,13 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use decisio::engine::mlx::{LoadOptions, MlxEngine, MlxOptions};
-use decisio::engine::{Engine, EngineStatus};
+use decisio::engine::vllm::{MethodChoice, VllmEngine, VllmOptions};
+use decisio::engine::{Engine, EngineStatus, MultiQuestion, PadPolicy};
 use decisio::metrics::Metrics;
 use decisio::prompt::{ChatTemplate, TextTokenizer};
 use decisio::route::{RouteConfig, TextRoute};
 use decisio::server::{self, AppState};
-use decisio::settings::Limits;
+use decisio::settings::{Limits, UpstreamLimits};
 
 #[derive(Parser)]
 #[command(
@@ -29,7 +30,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Serve a model over HTTP.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Turn a GGUF checkpoint into an MLX conversion folder.
     Convert(decisio::convert::ConvertArgs),
 }
@@ -38,6 +39,32 @@ enum Command {
 enum Backend {
     /// A local MLX conversion (Metal on macOS, the CPU elsewhere).
     Mlx,
+    /// One or more vLLM servers (`--upstream`), sent token-id prompts.
+    Vllm,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum PadArg {
+    /// Pad each state to a multiple of --pad-block tokens.
+    Block,
+    /// Do not pad.
+    None,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum ModeArg {
+    Warm,
+    Sequential,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum MethodArg {
+    /// The best the upstream honours: logprob_token_ids, else
+    /// allowed_token_ids, else top-k with echo requests.
+    Auto,
+    TokenIds,
+    AllowedTokens,
+    TopK,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -64,7 +91,8 @@ struct ServeArgs {
     #[arg(long, value_enum, default_value = "mlx")]
     backend: Backend,
     /// The MLX conversion: a local folder, or a Hugging Face repository id
-    /// already in the Hugging Face cache.
+    /// already in the Hugging Face cache. With `--backend vllm`: the folder
+    /// whose tokenizer, chat template and config.json build the prompts.
     #[arg(long)]
     model: String,
     /// A folder with tokenizer.json and tokenizer_config.json to build
@@ -106,6 +134,66 @@ struct ServeArgs {
     /// Largest request body in MiB; larger ones are answered 413.
     #[arg(long, default_value_t = (Limits::default().max_body_bytes >> 20) as u64)]
     max_body_mb: u64,
+    /// How states are padded: `block` to a multiple of --pad-block tokens
+    /// (default with --backend vllm), `none` (default with --backend mlx).
+    #[arg(long, value_enum)]
+    pad_policy: Option<PadArg>,
+    /// The padding block in tokens (vLLM's prefix-cache block size).
+    #[arg(long, default_value_t = UpstreamLimits::default().pad_block, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=4096))]
+    pad_block: usize,
+    #[command(flatten)]
+    upstream: UpstreamArgs,
+}
+
+/// Settings of `--backend vllm`.
+#[derive(Args)]
+struct UpstreamArgs {
+    /// Base URL of a vLLM server (`http://host:port`); repeat for several.
+    #[arg(long = "upstream")]
+    upstreams: Vec<String>,
+    /// Bearer key sent to every upstream.
+    #[arg(long, env = "DECISIO_UPSTREAM_API_KEY", hide_env_values = true)]
+    upstream_api_key: Option<String>,
+    /// The model name sent upstream (default: the one each upstream serves).
+    #[arg(long)]
+    upstream_model: Option<String>,
+    /// How the option letters' log-probabilities are read.
+    #[arg(long, value_enum, default_value = "auto")]
+    letter_method: MethodArg,
+    /// The default multi-question mode of the vLLM backend.
+    #[arg(long, value_enum, default_value = "warm")]
+    multi_question: ModeArg,
+    /// Seconds for one scoring call to an upstream.
+    #[arg(long, default_value_t = UpstreamLimits::default().request_timeout_s)]
+    upstream_timeout: f64,
+    /// Seconds for one generation call to an upstream.
+    #[arg(long, default_value_t = UpstreamLimits::default().generate_timeout_s)]
+    upstream_generate_timeout: f64,
+    /// Seconds to connect to an upstream.
+    #[arg(long, default_value_t = UpstreamLimits::default().connect_timeout_s)]
+    upstream_connect_timeout: f64,
+    /// Seconds for each probe call and health check.
+    #[arg(long, default_value_t = UpstreamLimits::default().probe_timeout_s)]
+    upstream_probe_timeout: f64,
+    /// Seconds between health checks of each upstream.
+    #[arg(long, default_value_t = UpstreamLimits::default().health_interval_s)]
+    health_interval: f64,
+    /// Failures in a row that eject an upstream.
+    #[arg(long, default_value_t = UpstreamLimits::default().eject_after, value_parser = clap::value_parser!(u32).range(1..))]
+    eject_after: u32,
+    /// Passed health checks in a row that admit an ejected upstream again.
+    #[arg(long, default_value_t = UpstreamLimits::default().readmit_after, value_parser = clap::value_parser!(u32).range(1..))]
+    readmit_after: u32,
+    /// Further attempts, on the next upstream, of a call that failed with a
+    /// connection error, a timeout or a 5xx.
+    #[arg(long, default_value_t = UpstreamLimits::default().retries, value_parser = clap::value_parser!(u32).range(0..=16))]
+    upstream_retries: u32,
+    /// First backoff before a retry, in milliseconds (doubles each time).
+    #[arg(long, default_value_t = UpstreamLimits::default().backoff_ms)]
+    upstream_backoff_ms: u64,
+    /// Questions of one request in flight at once in `warm` mode.
+    #[arg(long, default_value_t = UpstreamLimits::default().fan_out, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1024))]
+    fan_out: usize,
 }
 
 fn main() -> Result<()> {
@@ -116,7 +204,7 @@ fn main() -> Result<()> {
         )
         .init();
     match Cli::parse().command {
-        Command::Serve(args) => serve(args),
+        Command::Serve(args) => serve(*args),
         Command::Convert(args) => decisio::convert::run(args),
     }
 }
@@ -208,6 +296,13 @@ fn serve(args: ServeArgs) -> Result<()> {
         ..Limits::default()
     };
     let metrics = Arc::new(Metrics::new());
+    let padding = match (args.pad_policy, args.backend) {
+        (Some(PadArg::Block), _) | (None, Backend::Vllm) => PadPolicy::Block(args.pad_block),
+        (Some(PadArg::None), _) | (None, Backend::Mlx) => PadPolicy::None,
+    };
+    if !matches!(args.backend, Backend::Vllm) && !args.upstream.upstreams.is_empty() {
+        bail!("--upstream needs --backend vllm");
+    }
     let engine: Arc<dyn Engine> = match args.backend {
         Backend::Mlx => Arc::new(MlxEngine::start(
             model_dir.clone(),
@@ -221,8 +316,61 @@ fn serve(args: ServeArgs) -> Result<()> {
                 max_queue: limits.max_queue,
                 prefill_chunk: limits.prefill_chunk,
                 answers_per_state: limits.answers_per_state,
+                padding,
             },
         )?),
+        Backend::Vllm => {
+            let u = &args.upstream;
+            let config: serde_json::Value = std::fs::read_to_string(model_dir.join("config.json"))
+                .ok()
+                .and_then(|t| serde_json::from_str(&t).ok())
+                .unwrap_or_default();
+            let get = |k: &str| config.get(k).and_then(|v| v.as_u64()).map(|v| v as usize);
+            let letter_ids = TextRoute::letter_ids(&tokenizer).map_err(anyhow::Error::msg)?;
+            Arc::new(
+                VllmEngine::start(VllmOptions {
+                    upstreams: u.upstreams.clone(),
+                    api_key: u.upstream_api_key.clone(),
+                    model: u.upstream_model.clone(),
+                    method: match u.letter_method {
+                        MethodArg::Auto => MethodChoice::Auto,
+                        MethodArg::TokenIds => MethodChoice::TokenIds,
+                        MethodArg::AllowedTokens => MethodChoice::AllowedTokens,
+                        MethodArg::TopK => MethodChoice::TopK,
+                    },
+                    padding,
+                    mode: match u.multi_question {
+                        ModeArg::Warm => MultiQuestion::Warm,
+                        ModeArg::Sequential => MultiQuestion::Sequential,
+                    },
+                    letter_ids,
+                    vocab_size: get("vocab_size").unwrap_or_else(|| tokenizer.vocab_size()),
+                    context_length: get("max_position_embeddings").unwrap_or(4096),
+                    architecture: config
+                        .get("model_type")
+                        .and_then(|v| v.as_str())
+                        .unwrap_or("unknown")
+                        .to_string(),
+                    max_queue: limits.max_queue,
+                    limits: UpstreamLimits {
+                        connect_timeout_s: u.upstream_connect_timeout,
+                        request_timeout_s: u.upstream_timeout,
+                        generate_timeout_s: u.upstream_generate_timeout,
+                        probe_timeout_s: u.upstream_probe_timeout,
+                        health_interval_s: u.health_interval,
+                        eject_after: u.eject_after,
+                        readmit_after: u.readmit_after,
+                        retries: u.upstream_retries,
+                        backoff_ms: u.upstream_backoff_ms,
+                        fan_out: u.fan_out,
+                        pad_block: args.pad_block,
+                        ..UpstreamLimits::default()
+                    },
+                    metrics: metrics.clone(),
+                })
+                .map_err(anyhow::Error::msg)?,
+            )
+        }
     };
     let stops = stop_token_ids(&model_dir, &tokenizer, &template);
     let model_name = args.served_model_name.unwrap_or_else(|| args.model.clone());
@@ -257,7 +405,7 @@ fn exit_if_load_fails(route: Arc<TextRoute>) {
     std::thread::spawn(move || loop {
         match route.engine().status() {
             EngineStatus::Loading => std::thread::sleep(std::time::Duration::from_millis(100)),
-            EngineStatus::Ready => return,
+            EngineStatus::Ready | EngineStatus::Unavailable(_) => return,
             EngineStatus::Failed(e) => {
                 eprintln!("error: the model failed to load: {e}");
                 std::process::exit(1);

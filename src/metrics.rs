@@ -2,11 +2,14 @@
 //!
 //! Label sets are bounded: `route` is the route pattern (never the raw
 //! path), `method` and `status` come from small fixed sets, `model` is the
-//! one served model, `state` is `cached` or `new`.
+//! one served model, `state` is `cached` or `new`, `upstream` is one of the
+//! `--upstream` URLs (at most `max_upstreams` of them, fixed at start) and
+//! `outcome` one of `ok`, `http_4xx`, `http_5xx`, `timeout`, `connect`,
+//! `invalid`.
 
 use prometheus::{
     exponential_buckets, Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter,
-    IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+    IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// Histogram buckets from 1 ms to about 10 minutes, 2^(1/2) apart (40 buckets).
@@ -29,6 +32,16 @@ pub struct Metrics {
     pub queue_depth: IntGauge,
     pub http_requests: IntCounterVec,
     pub http_request_seconds: HistogramVec,
+    /// Requests sent to each upstream server, by outcome.
+    pub upstream_requests: IntCounterVec,
+    /// Seconds each upstream took to answer (any outcome).
+    pub upstream_seconds: HistogramVec,
+    /// Requests in flight to each upstream.
+    pub upstream_in_flight: IntGaugeVec,
+    /// 1 while an upstream is ejected from routing, else 0.
+    pub upstream_ejected: IntGaugeVec,
+    /// Requests sent again to another upstream after a failure.
+    pub upstream_retries: IntCounter,
 }
 
 impl Metrics {
@@ -95,6 +108,42 @@ impl Metrics {
                 &["route", "method"],
             )
             .expect("metric"),
+            upstream_requests: IntCounterVec::new(
+                Opts::new(
+                    "decisio_upstream_requests_total",
+                    "Requests sent to each upstream server, by outcome.",
+                ),
+                &["upstream", "outcome"],
+            )
+            .expect("metric"),
+            upstream_seconds: HistogramVec::new(
+                histogram(
+                    "decisio_upstream_request_seconds",
+                    "Seconds an upstream server took to answer a request.",
+                ),
+                &["upstream"],
+            )
+            .expect("metric"),
+            upstream_in_flight: IntGaugeVec::new(
+                Opts::new(
+                    "decisio_upstream_in_flight",
+                    "Requests in flight to each upstream server.",
+                ),
+                &["upstream"],
+            )
+            .expect("metric"),
+            upstream_ejected: IntGaugeVec::new(
+                Opts::new(
+                    "decisio_upstream_ejected",
+                    "1 while an upstream server is ejected from routing.",
+                ),
+                &["upstream"],
+            )
+            .expect("metric"),
+            upstream_retries: counter(
+                "decisio_upstream_retries_total",
+                "Requests sent again to another upstream server after a failure.",
+            ),
             registry,
         };
         m.register();
@@ -115,6 +164,11 @@ impl Metrics {
             Box::new(self.queue_depth.clone()),
             Box::new(self.http_requests.clone()),
             Box::new(self.http_request_seconds.clone()),
+            Box::new(self.upstream_requests.clone()),
+            Box::new(self.upstream_seconds.clone()),
+            Box::new(self.upstream_in_flight.clone()),
+            Box::new(self.upstream_ejected.clone()),
+            Box::new(self.upstream_retries.clone()),
         ];
         for c in all {
             r.register(c).expect("unique metric names");

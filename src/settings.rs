@@ -12,6 +12,8 @@ pub struct Limits {
     pub max_queue: usize,
     /// Largest `top_logprobs` (chat) or `logprobs` (completions).
     pub max_logprobs: usize,
+    /// Most ids in a completion's `logprob_token_ids`.
+    pub max_logprob_token_ids: usize,
     /// Most stop sequences in one request.
     pub max_stop: usize,
     /// Longest stop sequence, in bytes.
@@ -33,12 +35,66 @@ impl Default for Limits {
             max_body_bytes: 8 << 20,
             max_queue: 64,
             max_logprobs: 20,
+            max_logprob_token_ids: 256,
             max_stop: 4,
             max_stop_bytes: 256,
             prefill_chunk: 256,
             prefix_cache_mib: 2048,
             letter_temperature: 1.0,
             answers_per_state: 256,
+        }
+    }
+}
+
+/// The limits of the vLLM backend's calls to its upstream servers; each
+/// has a flag of `decisio serve --backend vllm`.
+#[derive(Clone, Debug)]
+pub struct UpstreamLimits {
+    /// Most `--upstream` servers.
+    pub max_upstreams: usize,
+    /// Seconds to open a connection to an upstream.
+    pub connect_timeout_s: f64,
+    /// Seconds for one scoring call (one token) to answer, whole.
+    pub request_timeout_s: f64,
+    /// Seconds for one generation call to answer, whole.
+    pub generate_timeout_s: f64,
+    /// Seconds for each start-up probe call and each `/health` check.
+    pub probe_timeout_s: f64,
+    /// Seconds between two health checks of each upstream.
+    pub health_interval_s: f64,
+    /// Failed checks or calls in a row that eject an upstream from routing.
+    pub eject_after: u32,
+    /// Passed health checks in a row that admit an ejected upstream again.
+    pub readmit_after: u32,
+    /// Further attempts of a call that is safe to repeat, each on the next
+    /// upstream in the routing order.
+    pub retries: u32,
+    /// Milliseconds of the first backoff; it doubles on each retry.
+    pub backoff_ms: u64,
+    /// Longest backoff, in milliseconds.
+    pub max_backoff_ms: u64,
+    /// Questions of one request in flight at once (`warm` fan-out).
+    pub fan_out: usize,
+    /// The padding block when the upstream does not say its own.
+    pub pad_block: usize,
+}
+
+impl Default for UpstreamLimits {
+    fn default() -> Self {
+        UpstreamLimits {
+            max_upstreams: 64,
+            connect_timeout_s: 2.0,
+            request_timeout_s: 60.0,
+            generate_timeout_s: 600.0,
+            probe_timeout_s: 10.0,
+            health_interval_s: 2.0,
+            eject_after: 1,
+            readmit_after: 2,
+            retries: 2,
+            backoff_ms: 50,
+            max_backoff_ms: 1000,
+            fan_out: 32,
+            pad_block: 16,
         }
     }
 }

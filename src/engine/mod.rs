@@ -5,10 +5,11 @@
 //! builds prompts and reads results; it never sees MLX arrays or HTTP.
 //!
 //! [`mlx`] runs a local MLX model on a thread of its own behind a bounded
-//! queue.
+//! queue; [`vllm`] fronts one or more vLLM servers over HTTP.
 
 pub mod mlx;
 pub mod prefix_cache;
+pub mod vllm;
 
 use tokio::sync::{mpsc, oneshot};
 
@@ -37,6 +38,80 @@ pub struct ScoreRequest {
     pub questions: Vec<QuestionTokens>,
     /// Also return each answer position's final hidden state.
     pub hidden: bool,
+    /// How the questions share the prefix (one of [`Capabilities::modes`]).
+    pub mode: MultiQuestion,
+}
+
+/// How several questions on one state are run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MultiQuestion {
+    /// Each question is its own continuation of the prefix, one after another.
+    Sequential,
+    /// The prefix is prefilled once, then the questions run concurrently.
+    Warm,
+    /// All questions in one prompt, answered in one pass.
+    Packed,
+}
+
+impl MultiQuestion {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MultiQuestion::Sequential => "sequential",
+            MultiQuestion::Warm => "warm",
+            MultiQuestion::Packed => "packed",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "sequential" => MultiQuestion::Sequential,
+            "warm" => MultiQuestion::Warm,
+            "packed" => MultiQuestion::Packed,
+            _ => return None,
+        })
+    }
+}
+
+/// How a state's prefix is padded before it is sent to the backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PadPolicy {
+    /// The prefix is the state's tokens, as rendered.
+    None,
+    /// The prefix is padded with a filler token to a multiple of this many
+    /// tokens (the backend's prefix-cache block), so a block-granular prefix
+    /// cache holds the whole state.
+    Block(usize),
+}
+
+impl PadPolicy {
+    /// The policy's name in the state hash.
+    pub fn label(self) -> String {
+        match self {
+            PadPolicy::None => "none".into(),
+            PadPolicy::Block(n) => format!("block{n}"),
+        }
+    }
+}
+
+/// What a backend offers the route beyond [`ModelInfo`].
+#[derive(Clone, Debug)]
+pub struct Capabilities {
+    /// The multi-question modes it runs; the first is its default.
+    pub modes: Vec<MultiQuestion>,
+    /// The padding policy of its states.
+    pub padding: PadPolicy,
+    /// The backend's name in error messages (`MLX`, `vLLM`).
+    pub name: &'static str,
+}
+
+impl Default for Capabilities {
+    fn default() -> Self {
+        Capabilities {
+            modes: vec![MultiQuestion::Sequential],
+            padding: PadPolicy::None,
+            name: "MLX",
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -108,6 +183,10 @@ pub struct GenerateRequest {
     pub prompt_logprobs: Option<usize>,
     /// Tokens that end the generation (not themselves reported).
     pub stop_token_ids: Vec<u32>,
+    /// When not empty, each generated token's alternatives are these ids
+    /// (in this order) instead of the `logprobs` most likely ones (vLLM's
+    /// `logprob_token_ids`).
+    pub logprob_token_ids: Vec<u32>,
 }
 
 /// A token's log-probability and the most likely alternatives at its
@@ -163,6 +242,17 @@ pub enum EngineError {
     Stopped,
     #[error("model error: {0}")]
     Model(String),
+    /// No upstream server could take the request (all ejected, refused, or
+    /// answering 503): the client may retry.
+    #[error("{0}")]
+    UpstreamUnavailable(String),
+    /// An upstream server did not answer within its timeout.
+    #[error("{0}")]
+    UpstreamTimeout(String),
+    /// An upstream server answered with an error or with a body that is not
+    /// what its protocol promises; the message carries the upstream's own.
+    #[error("{0}")]
+    Upstream(String),
 }
 
 /// Whether a backend can take jobs.
@@ -171,6 +261,9 @@ pub enum EngineStatus {
     Loading,
     Ready,
     Failed(String),
+    /// Loaded, but nothing can serve now (the vLLM backend with every
+    /// upstream ejected); it may recover by itself.
+    Unavailable(String),
 }
 
 /// The seam between the route and a backend.
@@ -184,6 +277,10 @@ pub trait Engine: Send + Sync + 'static {
     fn generate(&self, request: GenerateRequest) -> Result<GenerateStream, EngineError>;
     /// Queues a scoring job, likewise.
     fn score(&self, request: ScoreRequest) -> Result<ScoreReceiver, EngineError>;
+    /// Multi-question modes and padding; the default is the MLX backend's.
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::default()
+    }
 }
 
 pub type ScoreReceiver = oneshot::Receiver<Result<ScoreResult, EngineError>>;

@@ -8,7 +8,7 @@ use std::time::Instant;
 use serde_json::{Map, Value};
 
 use super::{RouteError, TextRoute};
-use crate::engine::{QuestionTokens, ScoreRequest, StateHash};
+use crate::engine::{MultiQuestion, PadPolicy, QuestionTokens, ScoreRequest, StateHash};
 use crate::prompt::ChatTemplate;
 
 /// The letters of options, in order; at most 26 options per question.
@@ -23,8 +23,10 @@ pub const MAX_QUESTIONS: usize = 256;
 /// The line after the options that asks for the answer.
 pub const ANSWER_CUE: &str = "Answer with the letter of the correct option.";
 
-/// The padding policy of the MLX backend: states are not padded.
-pub const PADDING: &str = "none";
+/// The text of the filler token that pads a state to a block boundary
+/// (`--pad-policy block`): a space, one token in every supported tokenizer
+/// (checked at start).
+pub const PAD_TEXT: &str = " ";
 
 /// A state: a text (`/v1/decide`) or the messages before the question (the
 /// chat surface).
@@ -262,12 +264,39 @@ impl TextRoute {
     }
 
     /// Answers `questions` on `state`: one scoring job, each question its
-    /// own continuation of the shared prefix.
+    /// own continuation of the shared prefix, run as `mode` says (default:
+    /// the backend's).
     pub async fn decide(
         self: &Arc<Self>,
         state: State,
         questions: Vec<Question>,
+        mode: Option<MultiQuestion>,
     ) -> Result<Decision, RouteError> {
+        let caps = self.engine().capabilities();
+        let mode = match mode {
+            None => caps
+                .modes
+                .first()
+                .copied()
+                .unwrap_or(MultiQuestion::Sequential),
+            Some(m) if caps.modes.contains(&m) => m,
+            Some(m) => {
+                let served: Vec<_> = caps
+                    .modes
+                    .iter()
+                    .map(|m| format!("`{}`", m.as_str()))
+                    .collect();
+                return Err(invalid(
+                    "multi_question",
+                    format!(
+                        "`{}` is not served by the {} backend; it runs {}",
+                        m.as_str(),
+                        caps.name,
+                        served.join(" and ")
+                    ),
+                ));
+            }
+        };
         if questions.is_empty() || questions.len() > MAX_QUESTIONS {
             return Err(invalid(
                 "questions",
@@ -295,7 +324,18 @@ impl TextRoute {
             suffixes.push(r.suffix);
         }
         let prefix_text = prefix_text.unwrap_or_default();
-        let prefix = self.tokenize(&prefix_text, false)?;
+        let mut prefix = self.tokenize(&prefix_text, false)?;
+        if let PadPolicy::Block(block) = caps.padding {
+            let short = (block - prefix.len() % block) % block;
+            let filler = self.pad_id.ok_or_else(|| {
+                invalid(
+                    "state",
+                    "the tokenizer has no single-token filler, so states cannot be padded; \
+                     serve with --pad-policy none",
+                )
+            })?;
+            prefix.extend(std::iter::repeat_n(filler, short));
+        }
         let mut tokens = Vec::with_capacity(questions.len());
         let context = self.context_length();
         for (q, suffix) in questions.iter().zip(&suffixes) {
@@ -314,7 +354,12 @@ impl TextRoute {
             tokens.push(QuestionTokens { suffix: ids, read });
         }
         let info = self.engine().info();
-        let hash = StateHash::new(&info.identity, &self.tokenizer_identity, PADDING, &prefix);
+        let hash = StateHash::new(
+            &info.identity,
+            &self.tokenizer_identity,
+            &caps.padding.label(),
+            &prefix,
+        );
         let suffix_lengths: Vec<usize> = tokens.iter().map(|t| t.suffix.len()).collect();
         let suffix_tokens: usize = suffix_lengths.iter().sum();
         let receiver = self.engine().score(ScoreRequest {
@@ -322,6 +367,7 @@ impl TextRoute {
             prefix: prefix.clone(),
             questions: tokens,
             hidden: false,
+            mode,
         })?;
         let result = receiver
             .await

@@ -63,6 +63,9 @@ pub struct GenerationParams {
     pub prompt_logprobs: Option<usize>,
     /// Keep generating past the end-of-sequence token.
     pub ignore_eos: bool,
+    /// Report these ids' log-probabilities at each generated token instead
+    /// of the most likely ones (vLLM's `logprob_token_ids`).
+    pub logprob_token_ids: Vec<u32>,
     /// The request field that carries the prompt, named in errors.
     pub prompt_field: &'static str,
 }
@@ -94,6 +97,9 @@ pub struct TextRoute {
     pub metrics: Arc<Metrics>,
     /// Token ids of the letters A..Z.
     pub letter_ids: Vec<u32>,
+    /// The filler token that pads states to a block boundary, when the
+    /// tokenizer has one (see [`decide::PAD_TEXT`]).
+    pub pad_id: Option<u32>,
 }
 
 impl TextRoute {
@@ -105,7 +111,12 @@ impl TextRoute {
         config: RouteConfig,
     ) -> Result<Self, String> {
         let letter_ids = Self::letter_ids(&tokenizer)?;
+        let pad_id = match tokenizer.encode(decide::PAD_TEXT, false) {
+            Ok(ids) if ids.len() == 1 => Some(ids[0]),
+            _ => None,
+        };
         Ok(TextRoute {
+            pad_id,
             engine,
             tokenizer,
             template,
@@ -205,6 +216,7 @@ impl TextRoute {
             sampling: params.sampling,
             logprobs: params.logprobs,
             prompt_logprobs: params.prompt_logprobs,
+            logprob_token_ids: params.logprob_token_ids,
             stop_token_ids: if params.ignore_eos {
                 Vec::new()
             } else {

@@ -48,6 +48,12 @@ pub enum ApiError {
     /// 500: a failure inside the server.
     #[error("{0}")]
     Internal(String),
+    /// 502: an upstream server answered with an error or a malformed body.
+    #[error("{0}")]
+    BadGateway(String),
+    /// 504: an upstream server did not answer in time.
+    #[error("{0}")]
+    GatewayTimeout(String),
 }
 
 #[derive(Serialize)]
@@ -81,7 +87,9 @@ impl ApiError {
             ApiError::Unauthorized(_) => "authentication_error",
             ApiError::NotFound(_) | ApiError::ModelNotFound(_) => "not_found_error",
             ApiError::Unavailable { .. } => "service_unavailable_error",
-            ApiError::Internal(_) => "server_error",
+            ApiError::Internal(_) | ApiError::BadGateway(_) | ApiError::GatewayTimeout(_) => {
+                "server_error"
+            }
             _ => "invalid_request_error",
         }
     }
@@ -93,6 +101,8 @@ impl ApiError {
             ApiError::ModelNotFound(_) => "model_not_found",
             ApiError::PayloadTooLarge(_) => "request_too_large",
             ApiError::Unavailable { code, .. } => code,
+            ApiError::BadGateway(_) => "upstream_error",
+            ApiError::GatewayTimeout(_) => "upstream_timeout",
             _ => return None,
         })
     }
@@ -131,6 +141,8 @@ impl ResponseError for ApiError {
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::BadGateway(_) => StatusCode::BAD_GATEWAY,
+            ApiError::GatewayTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
         }
     }
 
@@ -157,6 +169,12 @@ impl From<EngineError> for ApiError {
                 }
             }
             EngineError::Model(m) => ApiError::Internal(m),
+            EngineError::UpstreamUnavailable(m) => ApiError::Unavailable {
+                message: m,
+                code: "upstream_unavailable",
+            },
+            EngineError::UpstreamTimeout(m) => ApiError::GatewayTimeout(m),
+            EngineError::Upstream(m) => ApiError::BadGateway(m),
         }
     }
 }

@@ -52,6 +52,9 @@ pub async fn health(state: web::Data<AppState>) -> Result<HttpResponse> {
         EngineStatus::Ready => Ok(HttpResponse::Ok().finish()),
         EngineStatus::Loading => Err(crate::engine::EngineError::Loading.into()),
         EngineStatus::Failed(e) => Err(crate::engine::EngineError::LoadFailed(e).into()),
+        EngineStatus::Unavailable(e) => {
+            Err(crate::engine::EngineError::UpstreamUnavailable(e).into())
+        }
     }
 }
 
@@ -274,25 +277,36 @@ pub async fn chat_completions(
 struct CompletionLogprobBuilder {
     lp: CompletionLogprobs,
     offset: usize,
+    /// Name tokens `token_id:N` (vLLM's `return_tokens_as_token_ids`).
+    as_ids: bool,
 }
 
 impl CompletionLogprobBuilder {
-    fn new(offset: usize) -> Self {
+    fn new(offset: usize, as_ids: bool) -> Self {
         CompletionLogprobBuilder {
             lp: CompletionLogprobs::default(),
             offset,
+            as_ids,
+        }
+    }
+
+    fn name(&self, c: &TokenChoice) -> String {
+        if self.as_ids {
+            format!("token_id:{}", c.id)
+        } else {
+            c.text.clone()
         }
     }
 
     fn push(&mut self, t: &TokenOutput) {
-        self.lp.tokens.push(t.choice.text.clone());
+        self.lp.tokens.push(self.name(&t.choice));
         self.lp.text_offset.push(self.offset);
         self.offset += t.choice.text.chars().count();
         if t.has_logprob {
             self.lp.token_logprobs.push(Some(t.choice.logprob));
             let mut top = Map::new();
             for c in &t.top {
-                top.entry(c.text.clone()).or_insert(Value::from(c.logprob));
+                top.entry(self.name(c)).or_insert(Value::from(c.logprob));
             }
             self.lp.top_logprobs.push(Some(top));
         } else {
@@ -333,6 +347,7 @@ pub async fn completions(
             (text, ids)
         }
     };
+    route.check_token_ids(&job.params.logprob_token_ids, "logprob_token_ids")?;
     let want_logprobs = job.params.logprobs.is_some();
     let echo = job.echo;
     let mut stream = route.generate(prompt, job.params)?;
@@ -357,7 +372,7 @@ pub async fn completions(
     };
 
     // With echo, the prompt comes first: its text, and its tokens' log-probabilities.
-    let mut builder = CompletionLogprobBuilder::new(0);
+    let mut builder = CompletionLogprobBuilder::new(0, body.return_tokens_as_token_ids);
     let mut echoed = if echo { prompt_text } else { String::new() };
 
     if body.stream {
@@ -545,10 +560,10 @@ pub async fn decide(
 ) -> Result<HttpResponse> {
     let body: DecideRequest = read_json(&req, payload, state.limits.max_body_bytes).await?;
     state.check_model(body.model.as_deref())?;
-    let questions = validate::decide(&body)?;
+    let (questions, mode) = validate::decide(&body)?;
     let decision = state
         .route
-        .decide(RouteState::Text(body.state), questions)
+        .decide(RouteState::Text(body.state), questions, mode)
         .await?;
     Ok(HttpResponse::Ok().json(DecideResponse {
         id: new_id("decide"),
@@ -574,7 +589,10 @@ async fn chat_decision(
     d: &DecisioRequest,
 ) -> Result<HttpResponse> {
     let (route_state, question) = validate::chat_decision(body, d)?;
-    let decision = state.route.decide(route_state, vec![question]).await?;
+    let decision = state
+        .route
+        .decide(route_state, vec![question], None)
+        .await?;
     let a = &decision.answers[0];
     // Sorted by probability, the earliest option first among equals.
     let mut letters: Vec<(&'static str, f32)> = a.calibrated_logprobs.clone();

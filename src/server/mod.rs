@@ -1,8 +1,9 @@
 //! The HTTP surface (actix-web): OpenAI's routes plus vLLM's extras.
 //!
-//! Handlers read a body ([`body`]), validate it ([`validate`]), hand it to the
-//! text route and shape the result ([`handlers`]). Every failure is an
-//! [`ApiError`] in OpenAI's error shape. This layer knows nothing of MLX.
+//! Handlers read a body (`body`), validate it ([`validate`]), hand it to the
+//! text route and shape the result (`handlers`). Every failure is an
+//! [`ApiError`] in OpenAI's error shape. This layer knows nothing of MLX or
+//! vLLM: backends meet it through the text route and the `Engine` trait.
 
 mod auth;
 mod body;

@@ -97,6 +97,12 @@ pub struct CompletionRequest {
     pub user: Option<String>,
     #[serde(default, deserialize_with = "null_is_false")]
     pub ignore_eos: bool,
+    /// vLLM's extension: the log-probabilities of these token ids at each
+    /// generated position, in place of the most likely ones.
+    pub logprob_token_ids: Option<Vec<i64>>,
+    /// vLLM's extension: name tokens in `logprobs` as `token_id:N`.
+    #[serde(default, deserialize_with = "null_is_false")]
+    pub return_tokens_as_token_ids: bool,
 }
 
 /// vLLM's `POST /tokenize`: a prompt, or chat messages.

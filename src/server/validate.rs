@@ -7,7 +7,7 @@ use super::error::ApiError;
 use super::types::{
     ChatCompletionRequest, CompletionRequest, DecideRequest, DecisioRequest, PromptSpec, StopSpec,
 };
-use crate::engine::Sampling;
+use crate::engine::{MultiQuestion, Sampling};
 use crate::route::decide::{check_question, MAX_QUESTIONS};
 use crate::route::{GenerationParams, Question, State};
 use crate::settings::Limits;
@@ -286,6 +286,7 @@ pub fn chat(req: &ChatCompletionRequest, limits: &Limits) -> Result<ChatJob, Api
             logprobs,
             prompt_logprobs: None,
             ignore_eos: req.ignore_eos,
+            logprob_token_ids: Vec::new(),
             prompt_field: "messages",
         },
         include_usage: req.stream_options.as_ref().is_some_and(|o| o.include_usage),
@@ -361,6 +362,32 @@ pub fn completion(req: &CompletionRequest, limits: &Limits) -> Result<Completion
         Some(0) if req.echo => Some(0),
         m => max_tokens(m, "max_tokens")?,
     };
+    let logprob_token_ids = match &req.logprob_token_ids {
+        None => Vec::new(),
+        Some(ids) if ids.is_empty() => {
+            return Err(ApiError::invalid(
+                "logprob_token_ids",
+                "`logprob_token_ids` must not be an empty list.",
+            ))
+        }
+        Some(_) if logprobs.is_none() => {
+            return Err(ApiError::invalid(
+                "logprob_token_ids",
+                "when using `logprob_token_ids`, `logprobs` must be set.",
+            ))
+        }
+        Some(ids) if ids.len() > limits.max_logprob_token_ids => {
+            return Err(ApiError::invalid(
+                "logprob_token_ids",
+                format!(
+                    "`logprob_token_ids` takes at most {} ids; got {}",
+                    limits.max_logprob_token_ids,
+                    ids.len()
+                ),
+            ))
+        }
+        Some(ids) => token_ids(ids, "logprob_token_ids")?,
+    };
     Ok(CompletionJob {
         prompt,
         echo: req.echo,
@@ -371,28 +398,25 @@ pub fn completion(req: &CompletionRequest, limits: &Limits) -> Result<Completion
             logprobs,
             prompt_logprobs: if req.echo { logprobs } else { None },
             ignore_eos: req.ignore_eos,
+            logprob_token_ids,
             prompt_field: "prompt",
         },
         include_usage: req.stream_options.as_ref().is_some_and(|o| o.include_usage),
     })
 }
 
-/// `multi_question`: only `sequential` runs on this backend.
-pub fn multi_question(mode: Option<&str>) -> Result<(), ApiError> {
-    match mode {
-        None | Some("sequential") => Ok(()),
-        Some(m @ ("warm" | "packed")) => Err(ApiError::invalid(
-            "multi_question",
-            format!(
-                "`{m}` is served by the vLLM backend only; the MLX backend answers each question \
-                 as its own continuation of the state (`sequential`)"
-            ),
-        )),
-        Some(m) => Err(ApiError::invalid(
-            "multi_question",
-            format!("multi_question must be `sequential`, `warm` or `packed`; got `{m}`"),
-        )),
-    }
+/// `multi_question`: one of the mode names; whether the backend runs it is
+/// the route's to say.
+pub fn multi_question(mode: Option<&str>) -> Result<Option<MultiQuestion>, ApiError> {
+    mode.map(|m| {
+        MultiQuestion::parse(m).ok_or_else(|| {
+            ApiError::invalid(
+                "multi_question",
+                format!("multi_question must be `sequential`, `warm` or `packed`; got `{m}`"),
+            )
+        })
+    })
+    .transpose()
 }
 
 fn no_task(task: &Option<String>, param: &str) -> Result<(), ApiError> {
@@ -406,8 +430,8 @@ fn no_task(task: &Option<String>, param: &str) -> Result<(), ApiError> {
 }
 
 /// The questions of `POST /v1/decide`.
-pub fn decide(req: &DecideRequest) -> Result<Vec<Question>, ApiError> {
-    multi_question(req.multi_question.as_deref())?;
+pub fn decide(req: &DecideRequest) -> Result<(Vec<Question>, Option<MultiQuestion>), ApiError> {
+    let mode = multi_question(req.multi_question.as_deref())?;
     if req.state.trim().is_empty() {
         return Err(ApiError::invalid("state", "the state is empty"));
     }
@@ -420,7 +444,8 @@ pub fn decide(req: &DecideRequest) -> Result<Vec<Question>, ApiError> {
             ),
         ));
     }
-    req.questions
+    let questions = req
+        .questions
         .iter()
         .enumerate()
         .map(|(i, q)| {
@@ -442,7 +467,8 @@ pub fn decide(req: &DecideRequest) -> Result<Vec<Question>, ApiError> {
             check_question(&question, &param)?;
             Ok(question)
         })
-        .collect()
+        .collect::<Result<Vec<_>, ApiError>>()?;
+    Ok((questions, mode))
 }
 
 /// A chat completion with a `decisio` object: the state is every message

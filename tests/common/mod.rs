@@ -58,11 +58,12 @@ impl Server {
     /// Starts the process and returns once the port answers (the model may
     /// still be loading).
     pub fn spawn(extra: &[&str]) -> Server {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        Self::spawn_on(free_port(), extra)
+    }
+
+    /// Like [`Server::spawn`], on a given port (to restart a server where
+    /// it was).
+    pub fn spawn_on(port: u16, extra: &[&str]) -> Server {
         let model = model_dir();
         let child = Command::new(env!("CARGO_BIN_EXE_decisio"))
             .args(["serve", "--model"])
@@ -181,6 +182,28 @@ impl Server {
     pub fn post_json(&self, path: &str, body: &serde_json::Value) -> Response {
         self.request("POST", path, &[], Some(body.to_string().as_bytes()))
             .expect("request")
+    }
+}
+
+/// A port nothing listens on now.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl Server {
+    /// The server's base URL.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Stops the process at once (SIGKILL), as a crash would.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 

@@ -27,9 +27,9 @@ use self::cache::ModelCache;
 use self::sample::Rng;
 use super::prefix_cache::{PrefixCache, Weighed};
 use super::{
-    Engine, EngineError, EngineStatus, FinishReason, GenerateEvent, GenerateRequest,
-    GenerateStream, ModelInfo, QuestionScore, QuestionTokens, ScoreReceiver, ScoreRequest,
-    ScoreResult, TokenLogprobs,
+    Capabilities, Engine, EngineError, EngineStatus, FinishReason, GenerateEvent, GenerateRequest,
+    GenerateStream, ModelInfo, PadPolicy, QuestionScore, QuestionTokens, ScoreReceiver,
+    ScoreRequest, ScoreResult, TokenLogprobs,
 };
 use crate::metrics::Metrics;
 
@@ -244,6 +244,9 @@ pub struct MlxOptions {
     pub prefill_chunk: usize,
     /// Answers remembered with each cached state.
     pub answers_per_state: usize,
+    /// How states are padded (`none` unless asked: MLX's cache needs no
+    /// blocks; `block` makes prompts equal to a vLLM backend's).
+    pub padding: PadPolicy,
 }
 
 enum Job {
@@ -308,6 +311,7 @@ pub struct MlxEngine {
     depth: Arc<AtomicUsize>,
     status: Arc<Mutex<EngineStatus>>,
     max_queue: usize,
+    padding: PadPolicy,
 }
 
 impl MlxEngine {
@@ -316,6 +320,7 @@ impl MlxEngine {
     pub fn start(dir: PathBuf, options: MlxOptions) -> MlxResult<Self> {
         let info = MlxModel::describe(&dir)?;
         let max_queue = options.max_queue.max(1);
+        let padding = options.padding;
         let (jobs, rx) = mpsc::channel(max_queue);
         let depth = Arc::new(AtomicUsize::new(0));
         let status = Arc::new(Mutex::new(EngineStatus::Loading));
@@ -330,6 +335,7 @@ impl MlxEngine {
             depth,
             status,
             max_queue,
+            padding,
         })
     }
 }
@@ -340,6 +346,7 @@ impl MlxEngine {
             EngineStatus::Ready => {}
             EngineStatus::Loading => return Err(EngineError::Loading),
             EngineStatus::Failed(e) => return Err(EngineError::LoadFailed(e)),
+            EngineStatus::Unavailable(e) => return Err(EngineError::UpstreamUnavailable(e)),
         }
         self.depth.fetch_add(1, Ordering::Relaxed);
         self.jobs.try_send(job).map_err(|e| {
@@ -378,6 +385,13 @@ impl Engine for MlxEngine {
         let (reply, rx) = oneshot::channel();
         self.submit(Job::Score { request, reply })?;
         Ok(rx)
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            padding: self.padding,
+            ..Capabilities::default()
+        }
     }
 }
 
@@ -557,9 +571,13 @@ fn generate(
             send(GenerateEvent::Finished(FinishReason::Stop));
             return Ok(());
         }
-        let logprobs = request
-            .logprobs
-            .map(|k| sample::token_logprobs(&row, token, k));
+        let logprobs = request.logprobs.map(|k| {
+            if request.logprob_token_ids.is_empty() {
+                sample::token_logprobs(&row, token, k)
+            } else {
+                sample::named_logprobs(&row, token, &request.logprob_token_ids)
+            }
+        });
         if !send(GenerateEvent::Token {
             id: token,
             logprobs,

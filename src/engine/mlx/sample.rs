@@ -92,6 +92,18 @@ pub fn token_logprobs(logprobs: &[f32], token: u32, k: usize) -> TokenLogprobs {
     }
 }
 
+/// The token's log-probability and those of the named ids, in their order
+/// (an id outside the vocabulary is left out; the server checks ids first).
+pub fn named_logprobs(logprobs: &[f32], token: u32, ids: &[u32]) -> TokenLogprobs {
+    TokenLogprobs {
+        logprob: logprobs[token as usize],
+        top: ids
+            .iter()
+            .filter_map(|&id| logprobs.get(id as usize).map(|&v| (id, v)))
+            .collect(),
+    }
+}
+
 /// The `k` largest entries, descending, ties by lower id.
 pub fn top_k(values: &[f32], k: usize) -> Vec<(u32, f32)> {
     let k = k.min(values.len());

@@ -1,0 +1,939 @@
+//! The vLLM backend: the [`Engine`] seam over HTTP to one or more vLLM
+//! servers (or anything that speaks the same subset of its OpenAI server,
+//! such as a decisio gateway with the MLX backend).
+//!
+//! The gateway renders and tokenizes every prompt itself, so the upstream
+//! only sees token ids on `POST /v1/completions`. A decision question is one
+//! completion of one token whose log-probabilities of the option letters
+//! are read by the method the start-up probe found (`docs/design/vllm.md`):
+//!
+//! - [`LetterMethod::TokenIds`]: vLLM's `logprob_token_ids`, the exact
+//!   log-probability of every letter;
+//! - [`LetterMethod::AllowedTokens`]: `allowed_token_ids` set to the letters,
+//!   on an upstream started with `--logprobs-mode processed_logprobs`, so
+//!   the returned top-k are the letters, renormalised over them;
+//! - [`LetterMethod::TopK`]: the top `k` (the upstream's cap), and for each
+//!   letter outside them one more request that echoes the prompt followed
+//!   by the letter and reads that token's log-probability.
+//!
+//! A letter that no method returned is an error, never a silent zero.
+//! Every call has a timeout; routing, retries and health checks live in
+//! [`pool`]; the wire types in [`protocol`].
+
+pub mod pool;
+pub mod protocol;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use sha2::{Digest, Sha256};
+use tokio::sync::{mpsc, oneshot};
+
+use self::pool::{Pool, Probed, Upstream, UpstreamError};
+use self::protocol::{token_id, CompletionRequest, CompletionResponse, ModelList};
+use super::{
+    Capabilities, Engine, EngineError, EngineStatus, FinishReason, GenerateEvent, GenerateRequest,
+    GenerateStream, ModelInfo, MultiQuestion, PadPolicy, QuestionScore, QuestionTokens,
+    ScoreReceiver, ScoreRequest, ScoreResult, TokenLogprobs,
+};
+use crate::metrics::Metrics;
+use crate::settings::UpstreamLimits;
+
+/// How the option letters' log-probabilities are read from an upstream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LetterMethod {
+    /// `logprob_token_ids`: the named ids' log-probabilities.
+    TokenIds,
+    /// `allowed_token_ids` with processed log-probabilities.
+    AllowedTokens,
+    /// The top `k`, then an echo request per letter outside them.
+    TopK { k: usize },
+}
+
+impl std::fmt::Display for LetterMethod {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LetterMethod::TokenIds => write!(f, "logprob_token_ids"),
+            LetterMethod::AllowedTokens => {
+                write!(f, "allowed_token_ids with processed log-probabilities")
+            }
+            LetterMethod::TopK { k } => write!(
+                f,
+                "top-{k} logprobs, and an echo request for each letter outside them"
+            ),
+        }
+    }
+}
+
+/// Which reading method to use: the best the probe finds, or a fixed one
+/// (still checked by the probe).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MethodChoice {
+    Auto,
+    TokenIds,
+    AllowedTokens,
+    TopK,
+}
+
+/// Settings of the vLLM backend.
+#[derive(Clone, Debug)]
+pub struct VllmOptions {
+    /// Base URLs of the upstream servers (`http://host:port`).
+    pub upstreams: Vec<String>,
+    /// Sent as `Authorization: Bearer` to every upstream.
+    pub api_key: Option<String>,
+    /// The model name to send; default: the one each upstream serves.
+    pub model: Option<String>,
+    pub method: MethodChoice,
+    pub padding: PadPolicy,
+    /// The default multi-question mode (`warm` or `sequential`).
+    pub mode: MultiQuestion,
+    /// Token ids of the letters A..Z, for the probe.
+    pub letter_ids: Vec<u32>,
+    /// The vocabulary size of the prompt side's tokenizer/config.
+    pub vocab_size: usize,
+    /// The context length of the prompt side's config, used when no
+    /// upstream states `max_model_len`.
+    pub context_length: usize,
+    pub architecture: String,
+    /// Scoring and generation jobs in flight at once; one more is refused.
+    pub max_queue: usize,
+    pub limits: UpstreamLimits,
+    pub metrics: Arc<Metrics>,
+}
+
+struct Inner {
+    pool: Pool,
+    options: VllmOptions,
+    depth: AtomicUsize,
+    ready: AtomicBool,
+}
+
+/// The vLLM backend behind the [`Engine`] seam.
+pub struct VllmEngine {
+    inner: Arc<Inner>,
+    info: ModelInfo,
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl Drop for VllmEngine {
+    fn drop(&mut self) {
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+fn secs(s: f64) -> Duration {
+    Duration::from_secs_f64(s.max(0.001))
+}
+
+impl VllmEngine {
+    /// Probes every upstream (at least one must answer), logs what was
+    /// found, and starts the health checks.
+    pub fn start(options: VllmOptions) -> Result<Self, String> {
+        if options.upstreams.is_empty() {
+            return Err("the vLLM backend needs at least one --upstream URL".into());
+        }
+        if options.upstreams.len() > options.limits.max_upstreams {
+            return Err(format!(
+                "{} upstreams given; at most {} are allowed",
+                options.upstreams.len(),
+                options.limits.max_upstreams
+            ));
+        }
+        for u in &options.upstreams {
+            if !u.starts_with("http://") {
+                return Err(format!(
+                    "--upstream {u}: only http:// URLs are served (put TLS in front of the \
+                     upstream on a private network, or a sidecar proxy next to the gateway)"
+                ));
+            }
+        }
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("vllm-client")
+            .enable_all()
+            .build()
+            .map_err(|e| format!("cannot start the HTTP client's runtime: {e}"))?;
+        let pool = Pool::new(
+            &options.upstreams,
+            options.api_key.clone(),
+            options.limits.clone(),
+            options.metrics.clone(),
+        )?;
+        let inner = Arc::new(Inner {
+            pool,
+            options,
+            depth: AtomicUsize::new(0),
+            ready: AtomicBool::new(false),
+        });
+        let probe_all = {
+            let inner = inner.clone();
+            async move {
+                let probes = inner.pool.upstreams.iter().map(|u| {
+                    let inner = inner.clone();
+                    let u = u.clone();
+                    async move { (u.clone(), probe(&inner, &u).await) }
+                });
+                futures::future::join_all(probes).await
+            }
+        };
+        let results = runtime.block_on(probe_all);
+        let mut errors = Vec::new();
+        for (u, r) in &results {
+            match r {
+                Ok(p) => {
+                    tracing::info!(
+                        "upstream {}: serves `{}`, max_model_len {}, letters read by {}",
+                        u.url,
+                        p.model,
+                        p.max_model_len.map_or("unknown".into(), |n| n.to_string()),
+                        p.method
+                    );
+                    if let Ok(mut g) = u.probed.lock() {
+                        *g = Some(p.clone());
+                    }
+                    inner.pool.admit(u);
+                }
+                Err(e) => {
+                    tracing::warn!("upstream {} failed its probe: {e}", u.url);
+                    errors.push(e.to_string());
+                }
+            }
+        }
+        let probed: Vec<Probed> = results
+            .iter()
+            .filter_map(|(_, r)| r.as_ref().ok().cloned())
+            .collect();
+        if probed.is_empty() {
+            return Err(format!(
+                "no upstream answered the start-up probe: {}",
+                errors.join("; ")
+            ));
+        }
+        let context_length = probed
+            .iter()
+            .filter_map(|p| p.max_model_len)
+            .min()
+            .unwrap_or(inner.options.context_length);
+        let info = ModelInfo {
+            context_length,
+            vocab_size: inner.options.vocab_size,
+            architecture: inner.options.architecture.clone(),
+            identity: format!("vllm:{}", probed[0].model),
+        };
+        inner.ready.store(true, Ordering::Relaxed);
+        runtime.spawn(health_loop(inner.clone()));
+        Ok(VllmEngine {
+            inner,
+            info,
+            runtime: Some(runtime),
+        })
+    }
+
+    fn handle(&self) -> Result<&tokio::runtime::Runtime, EngineError> {
+        self.runtime.as_ref().ok_or(EngineError::Stopped)
+    }
+
+    /// Counts a job in; refuses it when `max_queue` are in flight.
+    fn admit(&self) -> Result<DepthGuard, EngineError> {
+        let max = self.inner.options.max_queue.max(1);
+        let n = self.inner.depth.fetch_add(1, Ordering::Relaxed);
+        let guard = DepthGuard(self.inner.clone());
+        if n >= max {
+            return Err(EngineError::QueueFull(max));
+        }
+        Ok(guard)
+    }
+}
+
+/// Counts a job out when dropped.
+struct DepthGuard(Arc<Inner>);
+
+impl Drop for DepthGuard {
+    fn drop(&mut self) {
+        self.0.depth.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Engine for VllmEngine {
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    fn status(&self) -> EngineStatus {
+        if !self.inner.ready.load(Ordering::Relaxed) {
+            return EngineStatus::Loading;
+        }
+        let upstreams = &self.inner.pool.upstreams;
+        if upstreams.iter().all(|u| u.is_ejected()) {
+            return EngineStatus::Unavailable(format!(
+                "all {} upstream servers are ejected (failing their health checks); retry later",
+                upstreams.len()
+            ));
+        }
+        EngineStatus::Ready
+    }
+
+    fn queue_depth(&self) -> usize {
+        self.inner.depth.load(Ordering::Relaxed)
+    }
+
+    fn generate(&self, request: GenerateRequest) -> Result<GenerateStream, EngineError> {
+        let guard = self.admit()?;
+        let (events, rx) = mpsc::channel(64);
+        let inner = self.inner.clone();
+        self.handle()?.spawn(async move {
+            let _guard = guard;
+            if let Err(e) = generate(&inner, &request, &events).await {
+                let _ = events.send(Err(e)).await;
+            }
+        });
+        Ok(rx)
+    }
+
+    fn score(&self, request: ScoreRequest) -> Result<ScoreReceiver, EngineError> {
+        let guard = self.admit()?;
+        let (reply, rx) = oneshot::channel();
+        let inner = self.inner.clone();
+        self.handle()?.spawn(async move {
+            let _guard = guard;
+            let result = score(&inner, &request).await;
+            let _ = reply.send(result);
+        });
+        Ok(rx)
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        let default = self.inner.options.mode;
+        let mut modes = vec![default];
+        for m in [MultiQuestion::Warm, MultiQuestion::Sequential] {
+            if m != default {
+                modes.push(m);
+            }
+        }
+        Capabilities {
+            modes,
+            padding: self.inner.options.padding,
+            name: "vLLM",
+        }
+    }
+}
+
+/// Asks an upstream what it serves and how it reads letters.
+async fn probe(inner: &Inner, u: &Upstream) -> Result<Probed, UpstreamError> {
+    let pool = &inner.pool;
+    let o = &inner.options;
+    let timeout = secs(o.limits.probe_timeout_s);
+    let models: ModelList = pool.call(u, "/v1/models", None::<&()>, timeout).await?;
+    let card = models.data.first().ok_or_else(|| UpstreamError::Invalid {
+        url: u.url.clone(),
+        message: "GET /v1/models lists no model".into(),
+    })?;
+    let model = match &o.model {
+        Some(m) => {
+            if !models.data.iter().any(|c| &c.id == m) {
+                return Err(UpstreamError::Invalid {
+                    url: u.url.clone(),
+                    message: format!(
+                        "it does not serve `{m}` (it serves {})",
+                        models
+                            .data
+                            .iter()
+                            .map(|c| format!("`{}`", c.id))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                });
+            }
+            m.clone()
+        }
+        None => card.id.clone(),
+    };
+    let max_model_len = models
+        .data
+        .iter()
+        .find(|c| c.id == model)
+        .and_then(|c| c.max_model_len);
+    let letters = &o.letter_ids;
+    let prompt = vec![letters[0], letters[1]];
+    let base = CompletionRequest {
+        model: model.clone(),
+        prompt: prompt.clone(),
+        max_tokens: 1,
+        temperature: Some(0.0),
+        return_tokens_as_token_ids: true,
+        ..Default::default()
+    };
+    let auto = o.method == MethodChoice::Auto;
+    let complete = |r: &CompletionResponse, normalised: bool| {
+        let Ok(found) = first_position(r) else {
+            return false;
+        };
+        let got: Vec<f64> = letters
+            .iter()
+            .filter_map(|l| found.get(l).copied())
+            .collect();
+        if got.len() != letters.len() {
+            return false;
+        }
+        !normalised || (logsumexp(&got)).abs() < 1e-3
+    };
+    let mut notes = Vec::new();
+    if auto || o.method == MethodChoice::TokenIds {
+        let body = CompletionRequest {
+            logprobs: Some(1),
+            logprob_token_ids: Some(letters.clone()),
+            ..base.clone()
+        };
+        match pool
+            .call::<_, CompletionResponse>(u, "/v1/completions", Some(&body), timeout)
+            .await
+        {
+            Ok(r) if complete(&r, false) => {
+                return Ok(Probed {
+                    model,
+                    max_model_len,
+                    method: LetterMethod::TokenIds,
+                })
+            }
+            Ok(_) => notes.push("logprob_token_ids is ignored".to_string()),
+            Err(
+                e @ UpstreamError::Status {
+                    status: 400..=499, ..
+                },
+            ) => notes.push(format!("logprob_token_ids is refused ({e})")),
+            Err(e) => return Err(e),
+        }
+    }
+    if auto || o.method == MethodChoice::AllowedTokens {
+        let body = CompletionRequest {
+            logprobs: Some(letters.len()),
+            allowed_token_ids: Some(letters.clone()),
+            ..base.clone()
+        };
+        match pool
+            .call::<_, CompletionResponse>(u, "/v1/completions", Some(&body), timeout)
+            .await
+        {
+            Ok(r) if complete(&r, true) => {
+                return Ok(Probed {
+                    model,
+                    max_model_len,
+                    method: LetterMethod::AllowedTokens,
+                })
+            }
+            Ok(_) => notes.push(
+                "allowed_token_ids does not give processed log-probabilities (start vLLM with \
+                 --logprobs-mode processed_logprobs for it)"
+                    .to_string(),
+            ),
+            Err(
+                e @ UpstreamError::Status {
+                    status: 400..=499, ..
+                },
+            ) => notes.push(format!("allowed_token_ids is refused ({e})")),
+            Err(e) => return Err(e),
+        }
+    }
+    if auto || o.method == MethodChoice::TopK {
+        // Ask for more than any cap: the refusal states the cap.
+        let body = CompletionRequest {
+            logprobs: Some(o.vocab_size + 1),
+            ..base.clone()
+        };
+        let cap = match pool
+            .call::<_, CompletionResponse>(u, "/v1/completions", Some(&body), timeout)
+            .await
+        {
+            Ok(_) => o.vocab_size,
+            Err(UpstreamError::Status {
+                status: 400,
+                message,
+                ..
+            }) => protocol::logprobs_cap(&message).ok_or_else(|| UpstreamError::Invalid {
+                url: u.url.clone(),
+                message: format!("its refusal of many logprobs states no cap: {message}"),
+            })?,
+            Err(e) => return Err(e),
+        };
+        if !notes.is_empty() {
+            tracing::info!("upstream {}: {}", u.url, notes.join("; "));
+        }
+        return Ok(Probed {
+            model,
+            max_model_len,
+            method: LetterMethod::TopK {
+                k: cap.min(o.vocab_size),
+            },
+        });
+    }
+    Err(UpstreamError::Invalid {
+        url: u.url.clone(),
+        message: format!(
+            "it does not honour the chosen letter method: {}",
+            notes.join("; ")
+        ),
+    })
+}
+
+fn logsumexp(v: &[f64]) -> f64 {
+    let max = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    max + v.iter().map(|x| (x - max).exp()).sum::<f64>().ln()
+}
+
+/// The first generated position's alternatives, by token id.
+fn first_position(r: &CompletionResponse) -> Result<std::collections::HashMap<u32, f64>, String> {
+    let top = r
+        .choices
+        .first()
+        .and_then(|c| c.logprobs.as_ref())
+        .and_then(|l| l.top_logprobs.first())
+        .and_then(|t| t.as_ref())
+        .ok_or("the completion has no top_logprobs")?;
+    Ok(top
+        .iter()
+        .filter_map(|(name, &lp)| token_id(name).map(|id| (id, lp)))
+        .collect())
+}
+
+/// Periodic `/health` checks: eject on failure, re-probe and re-admit on
+/// success.
+async fn health_loop(inner: Arc<Inner>) {
+    let interval = secs(inner.options.limits.health_interval_s);
+    let timeout = secs(inner.options.limits.probe_timeout_s);
+    loop {
+        tokio::time::sleep(interval).await;
+        let checks = inner.pool.upstreams.iter().map(|u| {
+            let inner = inner.clone();
+            let u = u.clone();
+            async move {
+                let pool = &inner.pool;
+                let healthy = pool
+                    .call::<(), serde_json::Value>(&u, "/health", None, timeout)
+                    .await
+                    .is_ok();
+                if !healthy {
+                    pool.failed(&u);
+                    return;
+                }
+                if u.is_ejected() {
+                    // It may have restarted with other settings: probe again.
+                    match probe(&inner, &u).await {
+                        Ok(p) => {
+                            if let Ok(mut g) = u.probed.lock() {
+                                *g = Some(p);
+                            }
+                        }
+                        Err(e) => {
+                            tracing::warn!("upstream {} failed its probe: {e}", u.url);
+                            pool.failed(&u);
+                            return;
+                        }
+                    }
+                }
+                pool.passed(&u);
+            }
+        });
+        futures::future::join_all(checks).await;
+    }
+}
+
+/// The deadline of one scoring call.
+fn score_timeout(inner: &Inner) -> Duration {
+    secs(inner.options.limits.request_timeout_s)
+}
+
+/// One question's letters, read from the upstream that holds its state.
+/// Returns the letters' log-probabilities (in `read` order) and the
+/// upstream's count of prompt tokens it found cached, when it reports it.
+async fn read_letters(
+    inner: &Inner,
+    key: &[u8],
+    prompt: &[u32],
+    read: &[u32],
+) -> Result<(Vec<f32>, Option<usize>), EngineError> {
+    let pool = &inner.pool;
+    let timeout = score_timeout(inner);
+    let (probed, response): (Probed, CompletionResponse) = pool
+        .call_routed(key, "/v1/completions", timeout, |p| {
+            let base = CompletionRequest {
+                model: p.model.clone(),
+                prompt: prompt.to_vec(),
+                max_tokens: 1,
+                temperature: Some(0.0),
+                return_tokens_as_token_ids: true,
+                ..Default::default()
+            };
+            match p.method {
+                LetterMethod::TokenIds => CompletionRequest {
+                    logprobs: Some(1),
+                    logprob_token_ids: Some(read.to_vec()),
+                    ..base
+                },
+                LetterMethod::AllowedTokens => CompletionRequest {
+                    logprobs: Some(read.len()),
+                    allowed_token_ids: Some(read.to_vec()),
+                    ..base
+                },
+                LetterMethod::TopK { k } => CompletionRequest {
+                    logprobs: Some(k),
+                    ..base
+                },
+            }
+        })
+        .await?;
+    let cached = response
+        .usage
+        .as_ref()
+        .and_then(|u| u.prompt_tokens_details.as_ref())
+        .and_then(|d| d.cached_tokens);
+    let found = first_position(&response).map_err(|m| EngineError::Upstream(m.to_string()))?;
+    let mut out = Vec::with_capacity(read.len());
+    let mut missing = Vec::new();
+    for (i, id) in read.iter().enumerate() {
+        match found.get(id) {
+            Some(&lp) => out.push(lp as f32),
+            None => {
+                out.push(f32::NAN);
+                missing.push(i);
+            }
+        }
+    }
+    if !missing.is_empty() {
+        if !matches!(probed.method, LetterMethod::TopK { .. }) {
+            return Err(EngineError::Upstream(format!(
+                "the upstream did not return the log-probability of {} option letter(s) \
+                 (token ids {:?}) with {}",
+                missing.len(),
+                missing.iter().map(|&i| read[i]).collect::<Vec<_>>(),
+                probed.method
+            )));
+        }
+        let echoes = missing
+            .iter()
+            .map(|&i| echo_letter(inner, key, prompt, read[i]));
+        let values = futures::future::try_join_all(echoes).await?;
+        for (&i, v) in missing.iter().zip(values) {
+            out[i] = v;
+        }
+    }
+    Ok((out, cached))
+}
+
+/// The log-probability of `letter` after `prompt`, from an echo of
+/// `prompt ++ [letter]` (the letter's prompt log-probability).
+async fn echo_letter(
+    inner: &Inner,
+    key: &[u8],
+    prompt: &[u32],
+    letter: u32,
+) -> Result<f32, EngineError> {
+    let mut ids = prompt.to_vec();
+    ids.push(letter);
+    let at = prompt.len();
+    let (_, response): (Probed, CompletionResponse) = inner
+        .pool
+        .call_routed(key, "/v1/completions", score_timeout(inner), |p| {
+            CompletionRequest {
+                model: p.model.clone(),
+                prompt: ids.clone(),
+                max_tokens: 0,
+                logprobs: Some(0),
+                echo: true,
+                return_tokens_as_token_ids: true,
+                ..Default::default()
+            }
+        })
+        .await?;
+    let lp = response
+        .choices
+        .first()
+        .and_then(|c| c.logprobs.as_ref())
+        .filter(|l| l.tokens.get(at).and_then(|t| token_id(t)) == Some(letter))
+        .and_then(|l| l.token_logprobs.get(at).copied().flatten());
+    lp.map(|v| v as f32).ok_or_else(|| {
+        EngineError::Upstream(format!(
+            "the echo of the prompt did not return the log-probability of letter token {letter}"
+        ))
+    })
+}
+
+async fn score(inner: &Inner, request: &ScoreRequest) -> Result<ScoreResult, EngineError> {
+    if request.hidden {
+        return Err(EngineError::Model(
+            "hidden states are not served by the vLLM backend".into(),
+        ));
+    }
+    let key = request.state.0;
+    let prefix_len = request.prefix.len();
+    let one = |q: &QuestionTokens| {
+        let mut prompt = request.prefix.clone();
+        prompt.extend_from_slice(&q.suffix);
+        let read = q.read.clone();
+        async move {
+            let started = Instant::now();
+            let (lps, cached) = read_letters(inner, &key, &prompt, &read).await?;
+            Ok::<_, EngineError>((
+                QuestionScore {
+                    logits: lps.clone(),
+                    logprobs: lps,
+                    hidden: None,
+                    seconds: started.elapsed().as_secs_f64(),
+                    memoised: false,
+                },
+                cached,
+            ))
+        }
+    };
+    let mut results = Vec::with_capacity(request.questions.len());
+    match request.mode {
+        MultiQuestion::Sequential => {
+            for q in &request.questions {
+                results.push(one(q).await?);
+            }
+        }
+        MultiQuestion::Warm => {
+            // The first question prefills the state; the rest find it cached.
+            let mut questions = request.questions.iter();
+            if let Some(first) = questions.next() {
+                results.push(one(first).await?);
+            }
+            let rest: Vec<_> = futures::stream::iter(questions.map(one))
+                .buffered(inner.options.limits.fan_out.max(1))
+                .collect()
+                .await;
+            for r in rest {
+                results.push(r?);
+            }
+        }
+        MultiQuestion::Packed => {
+            return Err(EngineError::Model(
+                "packed questions are not served by the vLLM backend".into(),
+            ))
+        }
+    }
+    let cached = results
+        .first()
+        .and_then(|(_, c)| *c)
+        .is_some_and(|c| c >= prefix_len);
+    let new_state_seconds = (!cached).then(|| results.first().map_or(0.0, |(q, _)| q.seconds));
+    if let Some(s) = new_state_seconds {
+        inner.options.metrics.new_state_seconds.observe(s);
+    }
+    Ok(ScoreResult {
+        cached,
+        new_state_seconds,
+        questions: results.into_iter().map(|(q, _)| q).collect(),
+    })
+}
+
+/// Alternatives at one position: the named ids in order, or the top `k`
+/// without the token itself when it came on top of them.
+fn alternatives(
+    map: Option<&std::collections::HashMap<String, f64>>,
+    token: u32,
+    k: usize,
+    named: &[u32],
+) -> Vec<(u32, f32)> {
+    let Some(map) = map else { return Vec::new() };
+    let by_id: std::collections::HashMap<u32, f32> = map
+        .iter()
+        .filter_map(|(n, &v)| token_id(n).map(|id| (id, v as f32)))
+        .collect();
+    if !named.is_empty() {
+        return named
+            .iter()
+            .filter_map(|id| by_id.get(id).map(|&v| (*id, v)))
+            .collect();
+    }
+    let mut all: Vec<(u32, f32)> = by_id.into_iter().collect();
+    all.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    if all.len() > k {
+        if let Some(pos) = all.iter().position(|(id, _)| *id == token) {
+            all.remove(pos);
+        }
+    }
+    all.truncate(k);
+    all
+}
+
+/// A generation, forwarded as one token-id completion (not streamed from
+/// the upstream: the events are sent once it answers).
+async fn generate(
+    inner: &Inner,
+    request: &GenerateRequest,
+    events: &mpsc::Sender<Result<GenerateEvent, EngineError>>,
+) -> Result<(), EngineError> {
+    let key: [u8; 32] = {
+        let mut h = Sha256::new();
+        for id in &request.prompt {
+            h.update(id.to_le_bytes());
+        }
+        h.finalize().into()
+    };
+    let k = request.logprobs.unwrap_or(0);
+    let echo = request.prompt_logprobs.is_some();
+    let timeout = secs(inner.options.limits.generate_timeout_s);
+    let (_, response): (Probed, CompletionResponse) = inner
+        .pool
+        .call_routed(&key, "/v1/completions", timeout, |p| CompletionRequest {
+            model: p.model.clone(),
+            prompt: request.prompt.clone(),
+            max_tokens: request.max_tokens,
+            temperature: Some(request.sampling.temperature),
+            top_p: Some(request.sampling.top_p),
+            seed: request.sampling.seed,
+            // Always asked: the token names carry the generated ids.
+            logprobs: Some(k.max(request.prompt_logprobs.unwrap_or(0))),
+            echo,
+            logprob_token_ids: (!request.logprob_token_ids.is_empty())
+                .then(|| request.logprob_token_ids.clone()),
+            return_tokens_as_token_ids: true,
+            ignore_eos: request.stop_token_ids.is_empty(),
+            ..Default::default()
+        })
+        .await?;
+    let choice = response
+        .choices
+        .into_iter()
+        .next()
+        .ok_or_else(|| EngineError::Upstream("the completion has no choices".into()))?;
+    let lp = choice.logprobs.unwrap_or_default();
+    let n = lp.tokens.len();
+    let ids: Vec<u32> = lp
+        .tokens
+        .iter()
+        .map(|t| {
+            token_id(t).ok_or_else(|| {
+                EngineError::Upstream(format!(
+                    "the upstream named a token `{t}`, not `token_id:N` \
+                     (return_tokens_as_token_ids)"
+                ))
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    let entry = |i: usize, named: &[u32], k: usize| {
+        lp.token_logprobs
+            .get(i)
+            .copied()
+            .flatten()
+            .map(|v| TokenLogprobs {
+                logprob: v as f32,
+                top: alternatives(
+                    lp.top_logprobs.get(i).and_then(|m| m.as_ref()),
+                    ids[i],
+                    k,
+                    named,
+                ),
+            })
+    };
+    let start = if echo {
+        let p = request.prompt.len();
+        if n < p {
+            return Err(EngineError::Upstream(format!(
+                "the echo has {n} tokens for a prompt of {p}"
+            )));
+        }
+        let pk = request.prompt_logprobs.unwrap_or(0);
+        let prompt: Vec<_> = (0..p)
+            .map(|i| if i == 0 { None } else { entry(i, &[], pk) })
+            .collect();
+        if events
+            .send(Ok(GenerateEvent::Prompt(prompt)))
+            .await
+            .is_err()
+        {
+            return Ok(());
+        }
+        p
+    } else {
+        0
+    };
+    for (i, &id) in ids.iter().enumerate().skip(start) {
+        if request.stop_token_ids.contains(&id) {
+            let _ = events
+                .send(Ok(GenerateEvent::Finished(FinishReason::Stop)))
+                .await;
+            return Ok(());
+        }
+        let logprobs = request
+            .logprobs
+            .and_then(|k| entry(i, &request.logprob_token_ids, k));
+        if events
+            .send(Ok(GenerateEvent::Token { id, logprobs }))
+            .await
+            .is_err()
+        {
+            return Ok(());
+        }
+    }
+    let reason = match choice.finish_reason.as_deref() {
+        Some("length") => FinishReason::Length,
+        _ if n - start >= request.max_tokens => FinishReason::Length,
+        _ => FinishReason::Stop,
+    };
+    let _ = events.send(Ok(GenerateEvent::Finished(reason))).await;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A `/v1/completions` answer in the shape of vLLM's
+    /// `CompletionResponse` with `logprob_token_ids` and
+    /// `return_tokens_as_token_ids`: the sampled token and the named ids at
+    /// the one generated position, and vLLM's usage details.
+    const VLLM_ANSWER: &str = r#"{
+        "id": "cmpl-0", "object": "text_completion", "created": 1, "model": "m",
+        "choices": [{"index": 0, "text": " A", "finish_reason": "length", "stop_reason": null,
+            "logprobs": {"text_offset": [0], "token_logprobs": [-0.25],
+                "tokens": ["token_id:330"],
+                "top_logprobs": [{"token_id:330": -0.25, "token_id:32": -1.5,
+                    "token_id:33": -2.0, "token_id:34": -3.25}]},
+            "prompt_logprobs": null, "prompt_token_ids": null}],
+        "usage": {"prompt_tokens": 48, "total_tokens": 49, "completion_tokens": 1,
+            "prompt_tokens_details": {"cached_tokens": 32}},
+        "kv_transfer_params": null
+    }"#;
+
+    #[test]
+    fn reads_letters_from_a_vllm_answer() {
+        let r: CompletionResponse = serde_json::from_str(VLLM_ANSWER).unwrap();
+        let found = first_position(&r).unwrap();
+        assert_eq!(found.get(&32), Some(&-1.5));
+        assert_eq!(found.get(&34), Some(&-3.25));
+        assert_eq!(found.get(&35), None);
+        assert_eq!(
+            r.usage
+                .unwrap()
+                .prompt_tokens_details
+                .unwrap()
+                .cached_tokens,
+            Some(32)
+        );
+        let top = r.choices[0].logprobs.as_ref().unwrap().top_logprobs[0].clone();
+        // The top k without the token itself when it came on top of them
+        // (k + 1 entries), all of them when it was among them (k entries).
+        assert_eq!(
+            alternatives(top.as_ref(), 34, 3, &[]),
+            vec![(330, -0.25), (32, -1.5), (33, -2.0)]
+        );
+        assert_eq!(alternatives(top.as_ref(), 330, 4, &[]).len(), 4);
+        assert_eq!(
+            alternatives(top.as_ref(), 330, 2, &[34, 32]),
+            vec![(34, -3.25), (32, -1.5)]
+        );
+    }
+
+    #[test]
+    fn a_completion_without_logprobs_is_an_error() {
+        let r: CompletionResponse =
+            serde_json::from_str(r#"{"choices": [{"text": "x", "logprobs": null}]}"#).unwrap();
+        assert!(first_position(&r).is_err());
+    }
+}

@@ -1,0 +1,400 @@
+//! The vLLM backend against real upstream processes: decisio gateways with
+//! the MLX backend serve the vLLM subset the backend uses (token-id
+//! completions, `logprobs`, `logprob_token_ids`, `echo`, `/v1/models`,
+//! `/health`). Parity with the MLX backend over MMLU, each letter-reading
+//! method, padding, multi-question modes, upstream faults and their error
+//! shapes, and one of three upstreams killed and restarted mid-run.
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::Server;
+use serde_json::{json, Value};
+
+/// States and questions built from MMLU by scripts/reference/decisions.py.
+fn reference() -> Value {
+    let text = std::fs::read_to_string(common::reference_file("decisions.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+fn questions(st: &Value, n: usize) -> Vec<Value> {
+    st["questions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .take(n)
+        .map(|q| json!({"text": q["text"], "options": q["options"]}))
+        .collect()
+}
+
+fn decide(s: &Server, body: &Value) -> Value {
+    let r = s.post_json("/v1/decide", body);
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.json()
+}
+
+/// A gateway with the vLLM backend in front of `upstreams`.
+fn gateway(upstreams: &[&Server], extra: &[&str]) -> Server {
+    let mut args: Vec<String> = vec!["--backend".into(), "vllm".into()];
+    for u in upstreams {
+        args.push("--upstream".into());
+        args.push(u.url());
+    }
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    Server::start(&args)
+}
+
+fn metric(s: &Server, name: &str, labels: &str) -> f64 {
+    let text = s.request("GET", "/metrics", &[], None).unwrap().text();
+    text.lines()
+        .filter(|l| l.starts_with(name) && l.contains(labels))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// The largest difference between two answers' probabilities; the letters
+/// must be equal.
+fn compare(a: &Value, b: &Value) -> f64 {
+    assert_eq!(a["letter"], b["letter"], "{a} vs {b}");
+    let (pa, pb) = (
+        a["probabilities"].as_object().unwrap(),
+        b["probabilities"].as_object().unwrap(),
+    );
+    assert_eq!(pa.keys().collect::<Vec<_>>(), pb.keys().collect::<Vec<_>>());
+    pa.values()
+        .zip(pb.values())
+        .map(|(x, y)| (x.as_f64().unwrap() - y.as_f64().unwrap()).abs())
+        .fold(0.0, f64::max)
+}
+
+/// The tolerance of parity: the MLX backend reads the letters' logits from
+/// a prefix-cached state and a suffix pass; through the vLLM backend the
+/// upstream computes the whole prompt in one pass and sends float32
+/// log-probabilities through JSON. Both are float32 forward passes of the
+/// same weights over the same token ids, so they agree to float32 rounding
+/// (measured largest difference: about 1e-6); a prompt that differed by
+/// one token would move probabilities by far more than this.
+const PARITY_TOLERANCE: f64 = 2e-5;
+
+/// Questions of the parity test: `DECISIO_PARITY_QUESTIONS` (200 covers
+/// every reference question, about 4.5 minutes on 2 cores), else 60 (6
+/// states of 10 questions, about 1 minute), so that the default test run
+/// stays short.
+fn parity_questions() -> usize {
+    std::env::var("DECISIO_PARITY_QUESTIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(60)
+}
+
+#[test]
+fn parity_with_the_mlx_backend_over_mmlu_questions() {
+    let mlx = Server::start(&[]);
+    let vllm = gateway(&[&mlx], &["--pad-policy", "none"]);
+    let reference = reference();
+    let started = Instant::now();
+    let want = parity_questions();
+    let (mut count, mut worst) = (0, 0.0f64);
+    for st in reference["states"].as_array().unwrap() {
+        if count >= want {
+            break;
+        }
+        let body = json!({"state": st["state"], "questions": questions(st, 10)});
+        let direct = decide(&mlx, &body);
+        let through = decide(&vllm, &body);
+        assert_eq!(direct["state"]["tokens"], through["state"]["tokens"]);
+        for (a, b) in direct["answers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .zip(through["answers"].as_array().unwrap())
+        {
+            worst = worst.max(compare(a, b));
+            count += 1;
+        }
+    }
+    eprintln!(
+        "parity: {count} questions, largest probability difference {worst:.2e}, {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    assert!(count >= want.min(200), "only {count} questions");
+    assert!(worst <= PARITY_TOLERANCE, "largest difference {worst}");
+    // Warm mode sent one completion per question, all to the one upstream.
+    assert!(metric(&vllm, "decisio_upstream_requests_total", "outcome=\"ok\"") >= count as f64);
+}
+
+#[test]
+fn block_padding_and_sequential_mode_give_the_same_answers_on_both_backends() {
+    let mlx = Server::start(&["--pad-policy", "block", "--pad-block", "16"]);
+    let vllm = gateway(&[&mlx], &["--multi-question", "sequential"]);
+    let unpadded = Server::start(&[]);
+    let reference = reference();
+    let st = &reference["states"][1];
+    let body = json!({"state": st["state"], "questions": questions(st, 3)});
+    let direct = decide(&mlx, &body);
+    let through = decide(&vllm, &body);
+    let plain = decide(&unpadded, &body);
+    let padded_tokens = through["state"]["tokens"].as_u64().unwrap();
+    assert_eq!(padded_tokens % 16, 0, "{through}");
+    assert_eq!(direct["state"]["tokens"], through["state"]["tokens"]);
+    let plain_tokens = plain["state"]["tokens"].as_u64().unwrap();
+    assert!(padded_tokens >= plain_tokens && padded_tokens < plain_tokens + 16);
+    for (a, b) in direct["answers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(through["answers"].as_array().unwrap())
+    {
+        assert!(compare(a, b) <= PARITY_TOLERANCE);
+    }
+    // Each mode is served; packed is refused with the backend's name.
+    for mode in ["warm", "sequential"] {
+        let mut b = body.clone();
+        b["multi_question"] = json!(mode);
+        let r = decide(&vllm, &b);
+        for (a, b) in r["answers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .zip(through["answers"].as_array().unwrap())
+        {
+            assert!(compare(a, b) <= PARITY_TOLERANCE);
+        }
+    }
+    let mut b = body.clone();
+    b["multi_question"] = json!("packed");
+    let r = vllm.post_json("/v1/decide", &b);
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.json()["error"]["param"], "multi_question");
+    assert!(r.text().contains("vLLM backend"), "{}", r.text());
+}
+
+#[test]
+fn letters_outside_the_top_k_are_read_by_echo() {
+    // An upstream that returns at most 2 alternatives: for 4 options at
+    // least 2 letters are outside its top k and need the echo requests.
+    let mlx = Server::start(&["--max-logprobs", "2"]);
+    let vllm = gateway(
+        &[&mlx],
+        &["--pad-policy", "none", "--letter-method", "top-k"],
+    );
+    let reference = reference();
+    let st = &reference["states"][2];
+    let body = json!({"state": st["state"], "questions": questions(st, 1)});
+    let direct = decide(&mlx, &body);
+    let through = decide(&vllm, &body);
+    let d = compare(&direct["answers"][0], &through["answers"][0]);
+    assert!(d <= PARITY_TOLERANCE, "difference {d}");
+    // One top-k completion and at least two echoes (plus the probe's calls).
+    assert!(
+        metric(&vllm, "decisio_upstream_requests_total", "outcome=\"ok\"") >= 4.0,
+        "{}",
+        vllm.request("GET", "/metrics", &[], None).unwrap().text()
+    );
+}
+
+#[test]
+fn generation_is_forwarded_as_token_id_completions() {
+    let mlx = Server::start(&[]);
+    let vllm = gateway(&[&mlx], &[]);
+    for body in [
+        json!({"model": "smollm2", "prompt": "The capital of France is", "max_tokens": 6,
+               "temperature": 0, "logprobs": 2}),
+        json!({"model": "smollm2", "prompt": "One, two, three,", "max_tokens": 4,
+               "temperature": 0, "echo": true, "logprobs": 1}),
+    ] {
+        let a = mlx.post_json("/v1/completions", &body);
+        let b = vllm.post_json("/v1/completions", &body);
+        assert_eq!(a.status, 200, "{}", a.text());
+        assert_eq!(b.status, 200, "{}", b.text());
+        let (a, b) = (a.json(), b.json());
+        assert_eq!(a["choices"][0]["text"], b["choices"][0]["text"]);
+        assert_eq!(
+            a["choices"][0]["logprobs"]["tokens"],
+            b["choices"][0]["logprobs"]["tokens"]
+        );
+        assert_eq!(a["usage"], b["usage"]);
+    }
+    let chat = json!({"model": "smollm2", "max_tokens": 5, "temperature": 0,
+                      "messages": [{"role": "user", "content": "Say hello."}]});
+    let a = mlx.post_json("/v1/chat/completions", &chat).json();
+    let b = vllm.post_json("/v1/chat/completions", &chat).json();
+    assert_eq!(
+        a["choices"][0]["message"]["content"],
+        b["choices"][0]["message"]["content"]
+    );
+}
+
+fn assert_error(r: &common::Response, status: u16, needle: &str) {
+    assert_eq!(r.status, status, "{}", r.text());
+    let e = r.json();
+    assert!(e["error"]["message"].is_string(), "{e}");
+    assert!(e["error"]["type"].is_string(), "{e}");
+    assert!(
+        e["error"]["message"].as_str().unwrap().contains(needle),
+        "{e}"
+    );
+}
+
+#[test]
+fn upstream_faults_are_openai_errors() {
+    let reference = reference();
+    let st = &reference["states"][3];
+    let body = json!({"state": st["state"], "questions": questions(st, 1)});
+
+    // No upstream answers at start: the gateway exits with the reason.
+    let out = Command::new(env!("CARGO_BIN_EXE_decisio"))
+        .args(["serve", "--backend", "vllm", "--model"])
+        .arg(common::model_dir())
+        .args([
+            "--upstream",
+            &format!("http://127.0.0.1:{}", common::free_port()),
+            "--port",
+            &common::free_port().to_string(),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("no upstream answered the start-up probe"),
+        "{err}"
+    );
+
+    // The upstream refuses (more logprobs than its cap): 502 with its text.
+    let mut mlx = Server::start(&["--max-logprobs", "2"]);
+    let vllm = gateway(
+        &[&mlx],
+        &["--upstream-retries", "1", "--health-interval", "0.2"],
+    );
+    let r = vllm.post_json(
+        "/v1/completions",
+        &json!({"model": "smollm2", "prompt": "Hello", "max_tokens": 2, "logprobs": 5}),
+    );
+    assert_error(&r, 502, "`logprobs` must be between 0 and 2");
+    assert_eq!(r.json()["error"]["code"], "upstream_error");
+
+    // Too short a deadline: 504.
+    let slow = gateway(
+        &[&mlx],
+        &["--upstream-timeout", "0.001", "--upstream-retries", "0"],
+    );
+    let r = slow.post_json("/v1/decide", &body);
+    assert_error(&r, 504, "did not answer within");
+    assert_eq!(r.json()["error"]["code"], "upstream_timeout");
+
+    // The only upstream dies: 503, at once and after its ejection.
+    mlx.kill();
+    let r = vllm.post_json("/v1/decide", &body);
+    assert_error(&r, 503, "upstream");
+    std::thread::sleep(Duration::from_millis(800));
+    let r = vllm.post_json("/v1/decide", &body);
+    assert_error(&r, 503, "ejected");
+    assert_eq!(
+        metric(
+            &vllm,
+            "decisio_upstream_ejected",
+            &format!("{}\"", mlx.url())
+        ),
+        1.0
+    );
+    // Its /health says so, for a load balancer in front of the gateway.
+    let r = vllm.request("GET", "/health", &[], None).unwrap();
+    assert_error(&r, 503, "ejected");
+    assert_eq!(r.json()["error"]["code"], "upstream_unavailable");
+}
+
+#[test]
+fn killing_one_of_three_upstreams_mid_run_loses_no_request() {
+    let a = Server::start(&[]);
+    let mut b = Server::start(&[]);
+    let c = Server::start(&[]);
+    let vllm = gateway(
+        &[&a, &b, &c],
+        &[
+            "--pad-policy",
+            "none",
+            "--health-interval",
+            "0.2",
+            "--upstream-retries",
+            "2",
+        ],
+    );
+    let reference = reference();
+    // Expected answers, straight from one MLX upstream.
+    let bodies: Vec<Value> = reference["states"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|st| json!({"state": st["state"], "questions": questions(st, 1)}))
+        .collect();
+    let expected: Vec<Value> = bodies.iter().map(|body| decide(&a, body)).collect();
+    let b_url = b.url();
+    let b_ok = |s: &Server| {
+        metric(
+            s,
+            "decisio_upstream_requests_total",
+            &format!("outcome=\"ok\",upstream=\"{b_url}\""),
+        )
+    };
+    let (vllm, bodies, expected) = (&vllm, &bodies, &expected);
+    let run = |label: &str| {
+        let answers: Vec<Value> = std::thread::scope(|scope| {
+            let handles: Vec<_> = bodies
+                .chunks(5)
+                .map(|chunk| {
+                    scope.spawn(move || chunk.iter().map(|b| decide(vllm, b)).collect::<Vec<_>>())
+                })
+                .collect();
+            handles
+                .into_iter()
+                .flat_map(|h| h.join().unwrap())
+                .collect()
+        });
+        for (e, g) in expected.iter().zip(&answers) {
+            assert!(
+                compare(&e["answers"][0], &g["answers"][0]) <= PARITY_TOLERANCE,
+                "{label}"
+            );
+        }
+        answers.len()
+    };
+    let mut answered = run("before");
+    let before = b_ok(vllm);
+    assert!(before > 0.0, "upstream b took no request before the fault");
+    // Kill b while a round is in flight.
+    let port = b.port;
+    answered += std::thread::scope(|scope| {
+        let h = scope.spawn(|| run("during"));
+        std::thread::sleep(Duration::from_millis(300));
+        b.kill();
+        h.join().unwrap()
+    });
+    answered += run("without b");
+    // Restart b where it was; it is probed and admitted again.
+    let b2 = Server::spawn_on(port, &[]);
+    b2.wait_ready(Duration::from_secs(120));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while metric(vllm, "decisio_upstream_ejected", &format!("{b_url}\"")) != 0.0 {
+        assert!(Instant::now() < deadline, "b was never admitted again");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let after_restart = b_ok(vllm);
+    answered += run("after restart");
+    assert!(
+        b_ok(vllm) > after_restart,
+        "routing did not return to the restarted upstream"
+    );
+    // Every request answered once: the gateway counted exactly what was sent.
+    let sent = 4 * bodies.len();
+    assert_eq!(answered, sent);
+    assert_eq!(
+        metric(vllm, "decisio_http_requests_total", "route=\"/v1/decide\"") as usize,
+        sent
+    );
+}
