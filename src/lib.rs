@@ -9,6 +9,8 @@
 //! - [`engine`]: the seam the route talks to, and its backends (MLX).
 //! - [`prompt`]: chat templates (Hugging Face compatible) and tokenizers.
 //! - [`convert`]: GGUF checkpoints to MLX conversion folders.
+//! - [`tasks`]: task registration: the state folder, the background
+//!   worker, the temperature fit and the calibration figures.
 //! - [`settings`]: every limit and default, in one place.
 
 pub mod convert;
@@ -18,3 +20,4 @@ pub mod prompt;
 pub mod route;
 pub mod server;
 pub mod settings;
+pub mod tasks;

@@ -2,11 +2,12 @@
 //!
 //! Label sets are bounded: `route` is the route pattern (never the raw
 //! path), `method` and `status` come from small fixed sets, `model` is the
-//! one served model, `state` is `cached` or `new`.
+//! one served model, `state` is `cached` or `new`; task registration
+//! metrics are labelled by status or outcome (a fixed set), never by task.
 
 use prometheus::{
-    exponential_buckets, Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter,
-    IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+    exponential_buckets, Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter,
+    IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// Histogram buckets from 1 ms to about 10 minutes, 2^(1/2) apart (40 buckets).
@@ -29,6 +30,14 @@ pub struct Metrics {
     pub queue_depth: IntGauge,
     pub http_requests: IntCounterVec,
     pub http_request_seconds: HistogramVec,
+    /// Examples scored by task registrations.
+    pub task_registration_examples: IntCounter,
+    /// Registrations finished, by outcome (`ready`, `failed`, `cancelled`).
+    pub task_registrations: IntCounterVec,
+    /// Tasks by status.
+    pub task_registration_tasks: IntGaugeVec,
+    /// Examples per second of the running registration (0 when none runs).
+    pub task_registration_rate: Gauge,
 }
 
 impl Metrics {
@@ -95,6 +104,31 @@ impl Metrics {
                 &["route", "method"],
             )
             .expect("metric"),
+            task_registration_examples: counter(
+                "decisio_task_registration_examples_total",
+                "Examples scored by task registrations.",
+            ),
+            task_registrations: IntCounterVec::new(
+                Opts::new(
+                    "decisio_task_registrations_total",
+                    "Task registrations finished, by outcome (ready, failed, cancelled).",
+                ),
+                &["outcome"],
+            )
+            .expect("metric"),
+            task_registration_tasks: IntGaugeVec::new(
+                Opts::new(
+                    "decisio_task_registration_tasks",
+                    "Tasks by status (queued, running, ready, failed, cancelled).",
+                ),
+                &["status"],
+            )
+            .expect("metric"),
+            task_registration_rate: Gauge::new(
+                "decisio_task_registration_examples_per_second",
+                "Examples per second of the running task registration (0 when none runs).",
+            )
+            .expect("metric"),
             registry,
         };
         m.register();
@@ -115,6 +149,10 @@ impl Metrics {
             Box::new(self.queue_depth.clone()),
             Box::new(self.http_requests.clone()),
             Box::new(self.http_request_seconds.clone()),
+            Box::new(self.task_registration_examples.clone()),
+            Box::new(self.task_registrations.clone()),
+            Box::new(self.task_registration_tasks.clone()),
+            Box::new(self.task_registration_rate.clone()),
         ];
         for c in all {
             r.register(c).expect("unique metric names");

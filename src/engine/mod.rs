@@ -37,6 +37,10 @@ pub struct ScoreRequest {
     pub questions: Vec<QuestionTokens>,
     /// Also return each answer position's final hidden state.
     pub hidden: bool,
+    /// Look the state up in the prefix cache and keep it there. Off for
+    /// work that must not displace serving states (task registration);
+    /// the answers are the same bits either way.
+    pub cache: bool,
 }
 
 #[derive(Clone, Debug)]

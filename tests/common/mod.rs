@@ -28,6 +28,28 @@ pub fn model_dir() -> PathBuf {
     dir
 }
 
+/// The test assets fetched by `make setup` (scripts/fetch-assets.sh).
+pub fn asset(name: &str) -> PathBuf {
+    let dir = std::env::var_os("DECISIO_ASSETS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| cache_dir().join("assets"));
+    let path = dir.join(name);
+    assert!(
+        path.exists(),
+        "the asset {} is missing; run `make setup`",
+        path.display()
+    );
+    path
+}
+
+/// A fresh, empty folder under the system's temporary folder.
+pub fn fresh_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("decisio-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
 /// Reference figures written by `make reference`.
 pub fn reference_file(name: &str) -> PathBuf {
     let dir = std::env::var_os("DECISIO_REFERENCE_DIR")
@@ -176,6 +198,12 @@ impl Server {
             headers,
             body,
         })
+    }
+
+    /// Stops the process at once (SIGKILL), as a crash would.
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 
     pub fn post_json(&self, path: &str, body: &serde_json::Value) -> Response {

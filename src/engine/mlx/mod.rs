@@ -402,7 +402,12 @@ fn score(
     prefix_cache: &PrefixCache<Snapshot>,
     request: &ScoreRequest,
 ) -> MlxResult<ScoreResult> {
-    let (snapshot, cached, new_state_seconds) = match prefix_cache.get(&request.state) {
+    let found = if request.cache {
+        prefix_cache.get(&request.state)
+    } else {
+        None
+    };
+    let (snapshot, cached, new_state_seconds) = match found {
         Some(snapshot) => (snapshot, true, None),
         None => {
             let started = Instant::now();
@@ -410,12 +415,14 @@ fn score(
             model.prefill(&request.prefix, &mut cache, options.prefill_chunk)?;
             cache.eval()?;
             let seconds = started.elapsed().as_secs_f64();
-            options.metrics.new_state_seconds.observe(seconds);
             let snapshot = Arc::new(Snapshot {
                 bytes: cache.nbytes(),
                 cache,
             });
-            prefix_cache.insert(request.state, snapshot.clone());
+            if request.cache {
+                options.metrics.new_state_seconds.observe(seconds);
+                prefix_cache.insert(request.state, snapshot.clone());
+            }
             (snapshot, false, Some(seconds))
         }
     };
