@@ -1,5 +1,6 @@
 //! The `decisio` command: `serve` a model behind the OpenAI-compatible API,
-//! or `convert` a GGUF checkpoint into an MLX conversion folder.
+//! `convert` a GGUF checkpoint into an MLX conversion folder, or `register`
+//! a task on a running server.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -33,6 +34,8 @@ enum Command {
     Serve(ServeArgs),
     /// Turn a GGUF checkpoint into an MLX conversion folder.
     Convert(decisio::convert::ConvertArgs),
+    /// Register a task on a running server and follow its progress.
+    Register(decisio::register::RegisterArgs),
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -126,6 +129,7 @@ fn main() -> Result<()> {
     match Cli::parse().command {
         Command::Serve(args) => serve(args),
         Command::Convert(args) => decisio::convert::run(args),
+        Command::Register(args) => decisio::register::run(args),
     }
 }
 

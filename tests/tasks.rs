@@ -577,3 +577,43 @@ fn a_state_folder_of_another_format_is_refused() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn the_register_command_shows_progress_and_the_figures() {
+    let dir = common::fresh_dir("cli");
+    let s = Server::start(&["--state-dir", dir.to_str().unwrap()]);
+    let file = dir.join("task.json");
+    std::fs::write(&file, registration("cli", mmlu_examples(16)).to_string()).unwrap();
+    let url = format!("http://127.0.0.1:{}", s.port);
+    let register = |file: &Path| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_decisio"))
+            .arg("register")
+            .arg(file)
+            .args(["--server", &url, "--interval", "0.2"])
+            .output()
+            .unwrap()
+    };
+    let out = register(&file);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stderr.contains("16/16 ready"), "{stderr}");
+    let t = get(&s, "/v1/tasks").json()["data"][0].clone();
+    let want = format!("T = {:.4}", t["result"]["temperature"].as_f64().unwrap());
+    assert!(stdout.contains(&want), "{stdout}");
+    for line in ["before", "after"] {
+        assert!(stdout.contains(line), "no `{line}` in {stdout}");
+    }
+    assert!(
+        stdout.contains("abstain below") || stdout.contains("is not reached"),
+        "{stdout}"
+    );
+    // A refused registration fails and says which field.
+    let out = register(&file);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("400 (name)"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
