@@ -110,7 +110,7 @@ impl Metrics {
             ),
             task_registrations: IntCounterVec::new(
                 Opts::new(
-                    "decisio_task_registrations_total",
+                    "decisio_task_registration_finished_total",
                     "Task registrations finished, by outcome (ready, failed, cancelled).",
                 ),
                 &["outcome"],
@@ -131,6 +131,10 @@ impl Metrics {
             .expect("metric"),
             registry,
         };
+        // Every outcome is exported from the start, at 0.
+        for outcome in ["ready", "failed", "cancelled"] {
+            m.task_registrations.with_label_values(&[outcome]);
+        }
         m.register();
         m
     }

@@ -350,7 +350,10 @@ fn a_choice_task_is_calibrated_and_served() {
     let list = get(&s, "/v1/tasks").json();
     assert_eq!(list["data"].as_array().unwrap().len(), 1);
     assert_eq!(
-        metric(&s, "decisio_task_registrations_total{outcome=\"ready\"}"),
+        metric(
+            &s,
+            "decisio_task_registration_finished_total{outcome=\"ready\"}"
+        ),
         1.0
     );
     assert_eq!(metric(&s, "decisio_task_registration_examples_total"), 48.0);
@@ -477,7 +480,7 @@ fn bad_registrations_are_refused_naming_the_field() {
     assert_eq!(
         metric(
             &s,
-            "decisio_task_registrations_total{outcome=\"cancelled\"}"
+            "decisio_task_registration_finished_total{outcome=\"cancelled\"}"
         ),
         2.0
     );
@@ -507,11 +510,19 @@ fn a_killed_registration_resumes_after_a_restart() {
     let args = ["--state-dir", dir.to_str().unwrap()];
     let s = Server::start(&args);
     let id = register(&s, &registration("mmlu", mmlu_examples(40)));
-    // Past the first checkpoint (once a second), then killed.
-    let before = wait_for(&s, &id, Duration::from_secs(300), |t| {
-        t["progress"]["done"].as_u64().unwrap() >= 8
-    });
-    std::thread::sleep(Duration::from_millis(1200));
+    // Once the task's file says 8 examples are done (the file and the
+    // checkpoint are written together, the checkpoint first), killed.
+    let file = dir.join(format!("tasks/{id}.json"));
+    let start = Instant::now();
+    let saved = loop {
+        let record: Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+        let done = record["progress"]["done"].as_u64().unwrap();
+        if done >= 8 {
+            break done;
+        }
+        assert!(start.elapsed() < Duration::from_secs(300), "{record}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
     s.kill();
     check_files(&dir);
     assert!(dir.join(format!("tasks/{id}.scores.json")).exists());
@@ -528,8 +539,8 @@ fn a_killed_registration_resumes_after_a_restart() {
     });
     let from = ready["progress"]["resumed_from"].as_u64().unwrap();
     assert!(
-        from >= before["progress"]["done"].as_u64().unwrap(),
-        "resumed from {from}, not from its checkpoint: {ready}"
+        from >= saved,
+        "resumed from {from}, not from its checkpoint ({saved} saved): {ready}"
     );
     assert_eq!(ready["progress"]["done"], 40);
     assert!(!dir.join(format!("tasks/{id}.scores.json")).exists());

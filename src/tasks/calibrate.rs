@@ -127,11 +127,13 @@ pub fn fit_temperature(logits: &[Vec<f32>], labels: &[usize]) -> f64 {
     }
     let u = (a + b) / 2.0;
     // The grid point wins if the refinement did not improve on it.
-    if f(u) <= best.1 {
+    let t = if f(u) <= best.1 {
         u.exp()
     } else {
         (lo + step * best.0 as f64).exp()
-    }
+    };
+    // exp(ln T_MAX) may round above T_MAX.
+    t.clamp(T_MIN, T_MAX)
 }
 
 /// One bin of the reliability table: confidences in (`lo`, `hi`] (the first
@@ -337,6 +339,12 @@ mod tests {
         assert!((t - want).abs() / want < 1e-3, "{t} vs {want}");
         // Deterministic.
         assert_eq!(t.to_bits(), fit_temperature(&logits, &labels).to_bits());
+        // Labels the logits say nothing about: the uniform answer, at the
+        // top of the range and not past it.
+        let noise: Vec<usize> = (0..logits.len()).map(|i| i % 4).collect();
+        let flat = vec![vec![1.0f32, 0.0, 0.0, 0.0]; logits.len()];
+        let top = fit_temperature(&flat, &noise);
+        assert!(top <= T_MAX && top > 0.999 * T_MAX, "{top}");
     }
 
     #[test]
