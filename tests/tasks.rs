@@ -484,6 +484,34 @@ fn bad_registrations_are_refused_naming_the_field() {
         ),
         2.0
     );
+    // An example that does not fit the context fails the registration,
+    // which names it.
+    let long = "word ".repeat(9000);
+    let failing = register(
+        &s,
+        &with(json!({"name": "toolong", "examples": [ex("short", "yes"), ex(&long, "no")]})),
+    );
+    let failed = wait_for(&s, &failing, Duration::from_secs(120), |t| {
+        t["status"] != "queued" && t["status"] != "running"
+    });
+    assert_eq!(failed["status"], "failed", "{failed}");
+    assert!(
+        failed["error"].as_str().unwrap().contains("examples[1]"),
+        "{failed}"
+    );
+    let r = asks("toolong");
+    assert_eq!(r.status, 409);
+    assert!(r.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("failed"));
+    assert_eq!(
+        metric(
+            &s,
+            "decisio_task_registration_finished_total{outcome=\"failed\"}"
+        ),
+        1.0
+    );
     assert_eq!(get(&s, "/v1/tasks/task-none").status, 404);
     let r = s.request("PUT", "/v1/tasks", &[], None).unwrap();
     assert_eq!(r.status, 405);

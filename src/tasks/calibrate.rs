@@ -14,7 +14,7 @@ pub const T_MIN: f64 = 0.01;
 pub const T_MAX: f64 = 100.0;
 
 /// Points of the coarse grid over `ln T` before the golden-section refinement.
-const GRID: usize = 201;
+pub const GRID: usize = 201;
 
 /// A deterministic generator (SplitMix64) for the seeded split.
 #[derive(Clone, Debug)]

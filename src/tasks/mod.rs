@@ -307,44 +307,58 @@ impl TaskRegistry {
         spec: TaskSpec,
         examples: Vec<Example>,
     ) -> Result<TaskRecord, TaskError> {
-        let mut tasks = self.lock();
-        if tasks.values().any(|r| r.spec.name == spec.name) {
-            return Err(TaskError::Invalid {
-                param: "name".into(),
-                message: format!(
-                    "a task named `{}` already exists; DELETE it first or choose another name",
-                    spec.name
-                ),
-            });
-        }
-        if tasks.len() >= self.limits.max_tasks {
-            return Err(TaskError::Invalid {
-                param: "name".into(),
-                message: format!(
-                    "this server holds its limit of {} tasks; DELETE one first",
-                    self.limits.max_tasks
-                ),
-            });
-        }
+        let taken = |tasks: &BTreeMap<String, TaskRecord>| -> Result<(), TaskError> {
+            if tasks.values().any(|r| r.spec.name == spec.name) {
+                return Err(TaskError::Invalid {
+                    param: "name".into(),
+                    message: format!(
+                        "a task named `{}` already exists; DELETE it first or choose another name",
+                        spec.name
+                    ),
+                });
+            }
+            if tasks.len() >= self.limits.max_tasks {
+                return Err(TaskError::Invalid {
+                    param: "name".into(),
+                    message: format!(
+                        "this server holds its limit of {} tasks; DELETE one first",
+                        self.limits.max_tasks
+                    ),
+                });
+            }
+            Ok(())
+        };
+        taken(&self.lock())?;
+        let id = new_id();
+        // The examples (the large part) are written before the registry is
+        // locked; the worker only sees a task once its record is in.
+        self.store
+            .save_examples(&id, &examples)
+            .map_err(TaskError::Store)?;
         let record = TaskRecord {
             format_version: FORMAT_VERSION,
-            id: new_id(),
+            id,
             created: unix_now(),
             model: self.route.engine().info().identity.clone(),
             progress: Progress {
                 total: examples.len(),
                 ..Progress::default()
             },
-            spec,
+            spec: spec.clone(),
             status: Status::Queued,
             error: None,
             report: None,
             seconds: 0.0,
         };
-        self.store
-            .save_examples(&record.id, &examples)
-            .and_then(|()| self.store.save(&record))
-            .map_err(TaskError::Store)?;
+        let mut tasks = self.lock();
+        // Checked again: another registration may have taken the name meanwhile.
+        if let Err(e) =
+            taken(&tasks).and_then(|()| self.store.save(&record).map_err(TaskError::Store))
+        {
+            drop(tasks);
+            let _ = self.store.remove(&record.id);
+            return Err(e);
+        }
         tracing::info!(
             "task `{}` ({}): queued, {} examples",
             record.spec.name,
