@@ -656,3 +656,28 @@ fn the_register_command_shows_progress_and_the_figures() {
     assert!(stderr.contains("400 (name)"), "{stderr}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_state_folder_serves_one_server_at_a_time() {
+    let dir = common::fresh_dir("locked");
+    let s = Server::start(&["--state-dir", dir.to_str().unwrap()]);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_decisio"))
+        .args(["serve", "--model"])
+        .arg(common::model_dir())
+        .args(["--port", "1", "--state-dir"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("in use by another decisio server"),
+        "{stderr}"
+    );
+    // The lock goes with the process, however it ends.
+    s.kill();
+    let s = Server::start(&["--state-dir", dir.to_str().unwrap()]);
+    assert_eq!(get(&s, "/v1/tasks").status, 200);
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -29,10 +29,12 @@ pub struct Examples {
     pub examples: Vec<Example>,
 }
 
-/// The task files under `<state-dir>/tasks/`.
-#[derive(Clone, Debug)]
+/// The task files under `<state-dir>/tasks/`, and the lock that keeps the
+/// folder to one server (released when the process ends, however it ends).
+#[derive(Debug)]
 pub struct Store {
     dir: PathBuf,
+    _lock: File,
 }
 
 /// The default state folder: `$XDG_STATE_HOME/decisio`, else
@@ -93,7 +95,27 @@ impl Store {
         let dir = root.join("tasks");
         fs::create_dir_all(&dir)
             .map_err(|e| format!("cannot create the state folder {}: {e}", dir.display()))?;
-        let store = Store { dir };
+        let lock_path = root.join("lock");
+        let lock = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| format!("cannot open {}: {e}", lock_path.display()))?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(fs::TryLockError::WouldBlock) => {
+                return Err(format!(
+                    "the state folder {} is in use by another decisio server; give this one a \
+                     folder of its own with --state-dir",
+                    root.display()
+                ))
+            }
+            Err(fs::TryLockError::Error(e)) => {
+                return Err(format!("cannot lock {}: {e}", lock_path.display()))
+            }
+        }
+        let store = Store { dir, _lock: lock };
         for path in store.files()? {
             let name = path.file_name().unwrap_or_default().to_string_lossy();
             if name.starts_with('.') && name.ends_with(".tmp") {

@@ -65,9 +65,12 @@ pub fn reference_file(name: &str) -> PathBuf {
 }
 
 /// A `decisio serve` process on a free loopback port, stopped on drop.
+/// Without `--state-dir` among its arguments it gets a fresh state folder
+/// of its own (a state folder serves one server at a time), removed on drop.
 pub struct Server {
     child: Child,
     pub port: u16,
+    own_state: Option<PathBuf>,
 }
 
 impl Server {
@@ -86,6 +89,12 @@ impl Server {
             .unwrap()
             .port();
         let model = model_dir();
+        let own_state =
+            (!extra.contains(&"--state-dir")).then(|| fresh_dir(&format!("state-{port}")));
+        let state_args: Vec<&std::ffi::OsStr> = match &own_state {
+            Some(dir) => vec!["--state-dir".as_ref(), dir.as_os_str()],
+            None => Vec::new(),
+        };
         let child = Command::new(env!("CARGO_BIN_EXE_decisio"))
             .args(["serve", "--model"])
             .arg(&model)
@@ -96,11 +105,16 @@ impl Server {
                 &port.to_string(),
             ])
             .args(extra)
+            .args(state_args)
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
             .expect("start decisio serve");
-        let server = Server { child, port };
+        let server = Server {
+            child,
+            port,
+            own_state,
+        };
         let start = Instant::now();
         while TcpStream::connect(("127.0.0.1", port)).is_err() {
             assert!(
@@ -216,6 +230,9 @@ impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if let Some(dir) = &self.own_state {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }
 
