@@ -9,12 +9,17 @@
 //! - [`engine`]: the seam the route talks to, and its backends (MLX).
 //! - [`prompt`]: chat templates (Hugging Face compatible) and tokenizers.
 //! - [`convert`]: GGUF checkpoints to MLX conversion folders.
+//! - [`register`]: the `decisio register` client of a running server.
+//! - [`tasks`]: task registration: the state folder, the background
+//!   worker, the temperature fit and the calibration figures.
 //! - [`settings`]: every limit and default, in one place.
 
 pub mod convert;
 pub mod engine;
 pub mod metrics;
 pub mod prompt;
+pub mod register;
 pub mod route;
 pub mod server;
 pub mod settings;
+pub mod tasks;

@@ -1,5 +1,6 @@
 //! The `decisio` command: `serve` a model behind the OpenAI-compatible API,
-//! or `convert` a GGUF checkpoint into an MLX conversion folder.
+//! `convert` a GGUF checkpoint into an MLX conversion folder, or `register`
+//! a task on a running server.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -15,6 +16,7 @@ use decisio::prompt::{ChatTemplate, TextTokenizer};
 use decisio::route::{RouteConfig, TextRoute};
 use decisio::server::{self, AppState};
 use decisio::settings::{Limits, UpstreamLimits};
+use decisio::tasks::{TaskLimits, TaskRegistry};
 
 #[derive(Parser)]
 #[command(
@@ -33,6 +35,8 @@ enum Command {
     Serve(Box<ServeArgs>),
     /// Turn a GGUF checkpoint into an MLX conversion folder.
     Convert(decisio::convert::ConvertArgs),
+    /// Register a task on a running server and follow its progress.
+    Register(decisio::register::RegisterArgs),
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -131,6 +135,13 @@ struct ServeArgs {
     /// one element at a time) and not on Metal.
     #[arg(long, value_enum, default_value = "auto")]
     host_kernels: Switch,
+    /// The folder that keeps registered tasks (default:
+    /// $XDG_STATE_HOME/decisio, else ~/.local/state/decisio).
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
+    /// Largest body of a task registration (POST /v1/tasks) in MiB.
+    #[arg(long, default_value_t = (Limits::default().max_task_body_bytes >> 20) as u64)]
+    max_task_body_mb: u64,
     /// Largest request body in MiB; larger ones are answered 413.
     #[arg(long, default_value_t = (Limits::default().max_body_bytes >> 20) as u64)]
     max_body_mb: u64,
@@ -206,6 +217,7 @@ fn main() -> Result<()> {
     match Cli::parse().command {
         Command::Serve(args) => serve(*args),
         Command::Convert(args) => decisio::convert::run(args),
+        Command::Register(args) => decisio::register::run(args),
     }
 }
 
@@ -292,6 +304,7 @@ fn serve(args: ServeArgs) -> Result<()> {
         max_logprobs: args.max_logprobs,
         max_queue: args.max_queue,
         max_body_bytes: (args.max_body_mb as usize) << 20,
+        max_task_body_bytes: (args.max_task_body_mb as usize) << 20,
         prefill_chunk: args.prefill_chunk,
         ..Limits::default()
     };
@@ -387,12 +400,25 @@ fn serve(args: ServeArgs) -> Result<()> {
     };
     let route = TextRoute::new(engine, tokenizer, template, config)
         .map_err(|e| anyhow::anyhow!("{e}; this model cannot serve decisions"))?;
+    let route = Arc::new(route);
+    let state_dir = args
+        .state_dir
+        .unwrap_or_else(decisio::tasks::store::default_dir);
+    let tasks = TaskRegistry::open(
+        &state_dir,
+        route.clone(),
+        TaskLimits {
+            max_tasks: limits.max_tasks,
+        },
+    )
+    .map_err(|e| anyhow::anyhow!("{e}"))?;
     let state = AppState::new(
-        Arc::new(route),
+        route,
         model_name,
         args.model.clone(),
         args.api_key,
         limits,
+        tasks,
     );
     exit_if_load_fails(state.route.clone());
     actix_web::rt::System::new().block_on(server::serve(state, &args.host, args.port))?;

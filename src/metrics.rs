@@ -5,10 +5,11 @@
 //! one served model, `state` is `cached` or `new`, `upstream` is one of the
 //! `--upstream` URLs (at most `max_upstreams` of them, fixed at start) and
 //! `outcome` one of `ok`, `http_4xx`, `http_5xx`, `timeout`, `connect`,
-//! `invalid`.
+//! `invalid`; task registration metrics are labelled by status or outcome
+//! (a fixed set), never by task.
 
 use prometheus::{
-    exponential_buckets, Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter,
+    exponential_buckets, Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter,
     IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
@@ -42,6 +43,14 @@ pub struct Metrics {
     pub upstream_ejected: IntGaugeVec,
     /// Requests sent again to another upstream after a failure.
     pub upstream_retries: IntCounter,
+    /// Examples scored by task registrations.
+    pub task_registration_examples: IntCounter,
+    /// Registrations finished, by outcome (`ready`, `failed`, `cancelled`).
+    pub task_registrations: IntCounterVec,
+    /// Tasks by status.
+    pub task_registration_tasks: IntGaugeVec,
+    /// Examples per second of the running registration (0 when none runs).
+    pub task_registration_rate: Gauge,
 }
 
 impl Metrics {
@@ -144,8 +153,37 @@ impl Metrics {
                 "decisio_upstream_retries_total",
                 "Requests sent again to another upstream server after a failure.",
             ),
+            task_registration_examples: counter(
+                "decisio_task_registration_examples_total",
+                "Examples scored by task registrations.",
+            ),
+            task_registrations: IntCounterVec::new(
+                Opts::new(
+                    "decisio_task_registration_finished_total",
+                    "Task registrations finished, by outcome (ready, failed, cancelled).",
+                ),
+                &["outcome"],
+            )
+            .expect("metric"),
+            task_registration_tasks: IntGaugeVec::new(
+                Opts::new(
+                    "decisio_task_registration_tasks",
+                    "Tasks by status (queued, running, ready, failed, cancelled).",
+                ),
+                &["status"],
+            )
+            .expect("metric"),
+            task_registration_rate: Gauge::new(
+                "decisio_task_registration_examples_per_second",
+                "Examples per second of the running task registration (0 when none runs).",
+            )
+            .expect("metric"),
             registry,
         };
+        // Every outcome is exported from the start, at 0.
+        for outcome in ["ready", "failed", "cancelled"] {
+            m.task_registrations.with_label_values(&[outcome]);
+        }
         m.register();
         m
     }
@@ -169,6 +207,10 @@ impl Metrics {
             Box::new(self.upstream_in_flight.clone()),
             Box::new(self.upstream_ejected.clone()),
             Box::new(self.upstream_retries.clone()),
+            Box::new(self.task_registration_examples.clone()),
+            Box::new(self.task_registrations.clone()),
+            Box::new(self.task_registration_tasks.clone()),
+            Box::new(self.task_registration_rate.clone()),
         ];
         for c in all {
             r.register(c).expect("unique metric names");

@@ -27,6 +27,16 @@ pub struct Limits {
     /// Answers remembered with each cached state, so that a question asked
     /// again on it is answered without running its suffix (same bits).
     pub answers_per_state: usize,
+    /// Largest body of `POST /v1/tasks`, in bytes (413 beyond).
+    pub max_task_body_bytes: usize,
+    /// Most tasks a server holds, in any status (400 beyond).
+    pub max_tasks: usize,
+    /// Most examples in one registration.
+    pub max_task_examples: usize,
+    /// Most labels of an intent task (a choice task has 2 to 26 options).
+    pub max_task_labels: usize,
+    /// Longest task name, in bytes.
+    pub max_task_name_bytes: usize,
 }
 
 impl Default for Limits {
@@ -42,6 +52,11 @@ impl Default for Limits {
             prefix_cache_mib: 2048,
             letter_temperature: 1.0,
             answers_per_state: 256,
+            max_task_body_bytes: 64 << 20,
+            max_tasks: 256,
+            max_task_examples: 100_000,
+            max_task_labels: 1_000,
+            max_task_name_bytes: 64,
         }
     }
 }

@@ -27,6 +27,10 @@ const METRICS: &[(&str, &str)] = &[
     ("decisio_queue_depth", "gauge"),
     ("decisio_http_requests_total", "counter"),
     ("decisio_http_request_seconds", "histogram"),
+    ("decisio_task_registration_examples_total", "counter"),
+    ("decisio_task_registration_finished_total", "counter"),
+    ("decisio_task_registration_tasks", "gauge"),
+    ("decisio_task_registration_examples_per_second", "gauge"),
 ];
 
 /// How long Prometheus may take to start and to have scraped the figures.

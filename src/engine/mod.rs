@@ -40,6 +40,10 @@ pub struct ScoreRequest {
     pub hidden: bool,
     /// How the questions share the prefix (one of [`Capabilities::modes`]).
     pub mode: MultiQuestion,
+    /// Look the state up in the prefix cache and keep it there. Off for
+    /// work that must not displace serving states (task registration);
+    /// the answers are the same bits either way.
+    pub cache: bool,
 }
 
 /// How several questions on one state are run.

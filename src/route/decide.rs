@@ -307,11 +307,73 @@ impl TextRoute {
             ));
         }
         let started = Instant::now();
+        let (prefix, tokens) = self.prepare(&state, &questions)?;
+        let info = self.engine().info();
+        let hash = StateHash::new(
+            &info.identity,
+            &self.tokenizer_identity,
+            &caps.padding.label(),
+            &prefix,
+        );
+        let suffix_lengths: Vec<usize> = tokens.iter().map(|t| t.suffix.len()).collect();
+        let suffix_tokens: usize = suffix_lengths.iter().sum();
+        let receiver = self.engine().score(ScoreRequest {
+            state: hash,
+            prefix: prefix.clone(),
+            questions: tokens,
+            hidden: false,
+            mode,
+            cache: true,
+        })?;
+        let result = receiver
+            .await
+            .map_err(|_| RouteError::Engine(crate::engine::EngineError::Stopped))??;
+        let label = if result.cached { "cached" } else { "new" };
+        let memoised_tokens: usize = result
+            .questions
+            .iter()
+            .zip(&suffix_lengths)
+            .filter(|(score, _)| score.memoised)
+            .map(|(_, &n)| n)
+            .sum();
+        let per_question = started.elapsed().as_secs_f64() / questions.len() as f64;
+        let mut answers = Vec::with_capacity(questions.len());
+        for (q, score) in questions.into_iter().zip(result.questions) {
+            self.metrics
+                .question_seconds
+                .with_label_values(&[&self.model_name, label])
+                .observe(per_question);
+            let answer = self.answer(q, &score.logits, &score.logprobs);
+            if answer.abstained {
+                self.metrics.abstentions.inc();
+            }
+            answers.push(answer);
+        }
+        Ok(Decision {
+            state: StateInfo {
+                hash,
+                tokens: prefix.len(),
+                cached: result.cached,
+            },
+            answers,
+            prompt_tokens: prefix.len() + suffix_tokens,
+            cached_tokens: if result.cached { prefix.len() } else { 0 } + memoised_tokens,
+        })
+    }
+
+    /// Checks and renders `questions` on `state`: the prefix's token ids and
+    /// each question's suffix with the letters it reads.
+    fn prepare(
+        &self,
+        state: &State,
+        questions: &[Question],
+    ) -> Result<(Vec<u32>, Vec<QuestionTokens>), RouteError> {
+        let caps = self.engine().capabilities();
         let mut prefix_text: Option<String> = None;
         let mut suffixes = Vec::with_capacity(questions.len());
         for (i, q) in questions.iter().enumerate() {
             check_question(q, &format!("questions[{i}]"))?;
-            let r = self.render_decision(&state, q)?;
+            let r = self.render_decision(state, q)?;
             match &prefix_text {
                 None => prefix_text = Some(r.prefix),
                 Some(p) if *p != r.prefix => {
@@ -353,56 +415,39 @@ impl TextRoute {
             let read = self.letter_ids[..q.options.len()].to_vec();
             tokens.push(QuestionTokens { suffix: ids, read });
         }
+        Ok((prefix, tokens))
+    }
+
+    /// The raw letter logits of one question on a state, as a decision
+    /// reads them, without the prefix cache and without serving metrics
+    /// (task registration scores its examples with it).
+    pub async fn readout(&self, state: State, question: Question) -> Result<Vec<f32>, RouteError> {
+        let questions = [question];
+        let (prefix, tokens) = self.prepare(&state, &questions)?;
         let info = self.engine().info();
+        let caps = self.engine().capabilities();
         let hash = StateHash::new(
             &info.identity,
             &self.tokenizer_identity,
             &caps.padding.label(),
             &prefix,
         );
-        let suffix_lengths: Vec<usize> = tokens.iter().map(|t| t.suffix.len()).collect();
-        let suffix_tokens: usize = suffix_lengths.iter().sum();
         let receiver = self.engine().score(ScoreRequest {
             state: hash,
-            prefix: prefix.clone(),
+            prefix,
             questions: tokens,
             hidden: false,
-            mode,
+            mode: MultiQuestion::Sequential,
+            cache: false,
         })?;
-        let result = receiver
+        let mut result = receiver
             .await
             .map_err(|_| RouteError::Engine(crate::engine::EngineError::Stopped))??;
-        let label = if result.cached { "cached" } else { "new" };
-        let memoised_tokens: usize = result
+        result
             .questions
-            .iter()
-            .zip(&suffix_lengths)
-            .filter(|(score, _)| score.memoised)
-            .map(|(_, &n)| n)
-            .sum();
-        let per_question = started.elapsed().as_secs_f64() / questions.len() as f64;
-        let mut answers = Vec::with_capacity(questions.len());
-        for (q, score) in questions.into_iter().zip(result.questions) {
-            self.metrics
-                .question_seconds
-                .with_label_values(&[&self.model_name, label])
-                .observe(per_question);
-            let answer = self.answer(q, &score.logits, &score.logprobs);
-            if answer.abstained {
-                self.metrics.abstentions.inc();
-            }
-            answers.push(answer);
-        }
-        Ok(Decision {
-            state: StateInfo {
-                hash,
-                tokens: prefix.len(),
-                cached: result.cached,
-            },
-            answers,
-            prompt_tokens: prefix.len() + suffix_tokens,
-            cached_tokens: if result.cached { prefix.len() } else { 0 } + memoised_tokens,
-        })
+            .pop()
+            .map(|q| q.logits)
+            .ok_or(RouteError::Engine(crate::engine::EngineError::Stopped))
     }
 
     /// The answer from the letters' logits: temperature (the request's, else

@@ -7,6 +7,7 @@ use serde::Serialize;
 
 use crate::engine::EngineError;
 use crate::route::RouteError;
+use crate::tasks::TaskError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -36,6 +37,10 @@ pub enum ApiError {
     /// 405: a route called with the wrong method.
     #[error("{0}")]
     MethodNotAllowed(String),
+    /// 409: a task that exists but cannot answer (not ready, failed,
+    /// cancelled); `param` names the field that named it.
+    #[error("{message}")]
+    Conflict { message: String, param: String },
     /// 413: the body is over the configured limit.
     #[error("The request body is larger than the limit of {0} bytes (--max-body-mb).")]
     PayloadTooLarge(usize),
@@ -100,6 +105,7 @@ impl ApiError {
             ApiError::Unauthorized(_) => "invalid_api_key",
             ApiError::ModelNotFound(_) => "model_not_found",
             ApiError::PayloadTooLarge(_) => "request_too_large",
+            ApiError::Conflict { .. } => "task_not_ready",
             ApiError::Unavailable { code, .. } => code,
             ApiError::BadGateway(_) => "upstream_error",
             ApiError::GatewayTimeout(_) => "upstream_timeout",
@@ -111,6 +117,7 @@ impl ApiError {
         match self {
             ApiError::BadRequest { param, .. } => param.as_deref(),
             ApiError::ContextLength { param, .. } => Some(param),
+            ApiError::Conflict { param, .. } => Some(param),
             ApiError::ModelNotFound(_) => Some("model"),
             _ => None,
         }
@@ -137,6 +144,7 @@ impl ResponseError for ApiError {
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             ApiError::ModelNotFound(_) | ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::Conflict { .. } => StatusCode::CONFLICT,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
@@ -187,6 +195,20 @@ impl From<RouteError> for ApiError {
                 ApiError::ContextLength { message, param }
             }
             RouteError::Engine(e) => e.into(),
+        }
+    }
+}
+
+impl From<TaskError> for ApiError {
+    fn from(e: TaskError) -> Self {
+        match e {
+            TaskError::Invalid { param, message } => ApiError::BadRequest {
+                message,
+                param: Some(param),
+            },
+            TaskError::NotFound(_) => ApiError::NotFound(e.to_string()),
+            TaskError::NotReady { param, message } => ApiError::Conflict { message, param },
+            TaskError::Store(m) => ApiError::Internal(m),
         }
     }
 }

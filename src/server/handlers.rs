@@ -16,6 +16,7 @@ use crate::engine::EngineStatus;
 use crate::route::{
     Answer, Decision, GenerationStream, Output, State as RouteState, TokenChoice, TokenOutput,
 };
+use crate::tasks::{Deleted, TaskRecord};
 
 type Result<T> = std::result::Result<T, ApiError>;
 
@@ -560,7 +561,7 @@ pub async fn decide(
 ) -> Result<HttpResponse> {
     let body: DecideRequest = read_json(&req, payload, state.limits.max_body_bytes).await?;
     state.check_model(body.model.as_deref())?;
-    let (questions, mode) = validate::decide(&body)?;
+    let (questions, mode) = validate::decide(&body, &state.tasks)?;
     let decision = state
         .route
         .decide(RouteState::Text(body.state), questions, mode)
@@ -588,7 +589,7 @@ async fn chat_decision(
     body: &ChatCompletionRequest,
     d: &DecisioRequest,
 ) -> Result<HttpResponse> {
-    let (route_state, question) = validate::chat_decision(body, d)?;
+    let (route_state, question) = validate::chat_decision(body, d, &state.tasks)?;
     let decision = state
         .route
         .decide(route_state, vec![question], None)
@@ -652,4 +653,76 @@ pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {
     HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4; charset=utf-8")
         .body(state.metrics.render())
+}
+
+fn task_out(r: &TaskRecord) -> TaskOut {
+    TaskOut {
+        id: r.id.clone(),
+        object: "task",
+        name: r.spec.name.clone(),
+        kind: r.spec.kind,
+        status: r.status,
+        created: r.created,
+        question: r.spec.question.clone(),
+        options: r.spec.labels.clone(),
+        examples: r.progress.total,
+        holdout: r.spec.holdout,
+        seed: r.spec.seed,
+        abstention: r.spec.abstention,
+        progress: r.progress.clone(),
+        error: r.error.clone(),
+        result: r.report.clone(),
+    }
+}
+
+/// `POST /v1/tasks`: queues a registration; 202 with the task and its
+/// `Location`.
+pub async fn create_task(
+    req: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse> {
+    let body: TaskRequest = read_json(&req, payload, state.limits.max_task_body_bytes).await?;
+    let (spec, examples) = validate::task(&body, &state.limits)?;
+    let tasks = state.tasks.clone();
+    // Writing the examples to the state folder syncs the disk: off the
+    // server's threads.
+    let record = web::block(move || tasks.register(spec, examples))
+        .await
+        .map_err(|e| ApiError::Internal(e.to_string()))??;
+    Ok(HttpResponse::Accepted()
+        .insert_header(("Location", format!("/v1/tasks/{}", record.id)))
+        .json(task_out(&record)))
+}
+
+pub async fn list_tasks(state: web::Data<AppState>) -> HttpResponse {
+    HttpResponse::Ok().json(TaskList {
+        object: "list",
+        data: state.tasks.list().iter().map(task_out).collect(),
+    })
+}
+
+pub async fn get_task(id: web::Path<String>, state: web::Data<AppState>) -> Result<HttpResponse> {
+    Ok(HttpResponse::Ok().json(task_out(&state.tasks.get(&id)?)))
+}
+
+/// `DELETE /v1/tasks/{id}`: cancels a pending registration (the task stays,
+/// `cancelled`), or removes a finished task.
+pub async fn delete_task(
+    id: web::Path<String>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse> {
+    let tasks = state.tasks.clone();
+    let id = id.into_inner();
+    let deleted = web::block(move || tasks.delete(&id))
+        .await
+        .map_err(|e| ApiError::Internal(e.to_string()))??;
+    Ok(match deleted {
+        Deleted::Cancelled(r) => HttpResponse::Ok().json(task_out(&r)),
+        Deleted::Removed(r) => HttpResponse::Ok().json(TaskDeleted {
+            id: r.id,
+            object: "task.deleted",
+            deleted: true,
+        }),
+    })
 }

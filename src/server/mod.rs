@@ -23,6 +23,7 @@ pub use error::ApiError;
 use crate::metrics::Metrics;
 use crate::route::TextRoute;
 use crate::settings::Limits;
+use crate::tasks::TaskRegistry;
 
 /// What every handler shares.
 pub struct AppState {
@@ -34,6 +35,7 @@ pub struct AppState {
     pub api_key: Option<String>,
     pub limits: Limits,
     pub metrics: Arc<Metrics>,
+    pub tasks: Arc<TaskRegistry>,
     pub created: u64,
 }
 
@@ -44,8 +46,10 @@ impl AppState {
         model_root: String,
         api_key: Option<String>,
         limits: Limits,
+        tasks: Arc<TaskRegistry>,
     ) -> Self {
         AppState {
+            tasks,
             metrics: route.metrics.clone(),
             route,
             model_name,
@@ -82,31 +86,46 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/detokenize"),
     ("POST", "/v1/decide"),
     ("GET", "/metrics"),
+    ("POST", "/v1/tasks"),
+    ("GET", "/v1/tasks"),
+    ("GET", "/v1/tasks/{id}"),
+    ("DELETE", "/v1/tasks/{id}"),
 ];
 
-/// Registers every route of [`ROUTES`].
+/// Registers every route of [`ROUTES`], one resource per path.
 pub fn configure(cfg: &mut web::ServiceConfig) {
-    for &(method, path) in ROUTES {
-        let route = match method {
-            "GET" => web::get(),
-            _ => web::post(),
-        };
-        let route = match path {
-            "/health" => route.to(handlers::health),
-            "/v1/models" => route.to(handlers::models),
-            "/v1/chat/completions" => route.to(handlers::chat_completions),
-            "/v1/completions" => route.to(handlers::completions),
-            "/tokenize" => route.to(handlers::tokenize),
-            "/detokenize" => route.to(handlers::detokenize),
-            "/v1/decide" => route.to(handlers::decide),
-            "/metrics" => route.to(handlers::metrics),
-            other => unreachable!("no handler for {other}"),
-        };
-        cfg.service(
-            web::resource(path)
-                .route(route)
-                .default_service(web::to(handlers::method_not_allowed)),
-        );
+    let mut paths: Vec<&str> = Vec::new();
+    for &(_, path) in ROUTES {
+        if !paths.contains(&path) {
+            paths.push(path);
+        }
+    }
+    for path in paths {
+        let mut resource = web::resource(path);
+        for &(method, _) in ROUTES.iter().filter(|(_, p)| *p == path) {
+            let route = match method {
+                "GET" => web::get(),
+                "DELETE" => web::delete(),
+                _ => web::post(),
+            };
+            let route = match (method, path) {
+                (_, "/health") => route.to(handlers::health),
+                (_, "/v1/models") => route.to(handlers::models),
+                (_, "/v1/chat/completions") => route.to(handlers::chat_completions),
+                (_, "/v1/completions") => route.to(handlers::completions),
+                (_, "/tokenize") => route.to(handlers::tokenize),
+                (_, "/detokenize") => route.to(handlers::detokenize),
+                (_, "/v1/decide") => route.to(handlers::decide),
+                (_, "/metrics") => route.to(handlers::metrics),
+                ("POST", "/v1/tasks") => route.to(handlers::create_task),
+                ("GET", "/v1/tasks") => route.to(handlers::list_tasks),
+                ("GET", "/v1/tasks/{id}") => route.to(handlers::get_task),
+                ("DELETE", "/v1/tasks/{id}") => route.to(handlers::delete_task),
+                other => unreachable!("no handler for {other:?}"),
+            };
+            resource = resource.route(route);
+        }
+        cfg.service(resource.default_service(web::to(handlers::method_not_allowed)));
     }
 }
 

@@ -377,3 +377,72 @@ pub struct ChatDecision {
     pub usage: DecisionUsage,
     pub decisio: DecisioReply,
 }
+
+/// `POST /v1/tasks`: a registration.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TaskRequest {
+    pub name: String,
+    /// `choice` (the default) or `intent`.
+    pub kind: Option<String>,
+    pub question: String,
+    /// The options of a choice task.
+    pub options: Option<Vec<String>>,
+    /// The labels of an intent task.
+    pub labels: Option<Vec<String>>,
+    pub examples: Vec<TaskExampleIn>,
+    /// Share of the examples held out for the figures (default 0.2).
+    pub holdout: Option<f64>,
+    pub seed: Option<i64>,
+    pub abstention: Option<AbstentionIn>,
+    pub head: Option<Value>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TaskExampleIn {
+    pub state: String,
+    /// One of the task's options (or labels), verbatim after trimming.
+    pub label: String,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AbstentionIn {
+    pub target_accuracy: Option<f64>,
+    pub abstain_below: Option<f64>,
+}
+
+/// A task as `GET /v1/tasks/{id}` shows it (the examples by count only).
+#[derive(Clone, Debug, Serialize)]
+pub struct TaskOut {
+    pub id: String,
+    pub object: &'static str,
+    pub name: String,
+    pub kind: crate::tasks::Kind,
+    pub status: crate::tasks::Status,
+    pub created: u64,
+    pub question: String,
+    pub options: Vec<String>,
+    pub examples: usize,
+    pub holdout: f64,
+    pub seed: u64,
+    pub abstention: Option<crate::tasks::Abstention>,
+    pub progress: crate::tasks::Progress,
+    pub error: Option<String>,
+    /// The fitted figures, once ready.
+    pub result: Option<crate::tasks::Report>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct TaskList {
+    pub object: &'static str,
+    pub data: Vec<TaskOut>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct TaskDeleted {
+    pub id: String,
+    pub object: &'static str,
+    pub deleted: bool,
+}

@@ -6,11 +6,13 @@ use serde_json::{Map, Value};
 use super::error::ApiError;
 use super::types::{
     ChatCompletionRequest, CompletionRequest, DecideRequest, DecisioRequest, PromptSpec, StopSpec,
+    TaskRequest,
 };
 use crate::engine::{MultiQuestion, Sampling};
 use crate::route::decide::{check_question, MAX_QUESTIONS};
 use crate::route::{GenerationParams, Question, State};
 use crate::settings::Limits;
+use crate::tasks::{Abstention, Example, Kind, TaskRegistry, TaskSpec};
 
 /// Roles a chat message may have.
 const ROLES: &[&str] = &["system", "developer", "user", "assistant", "tool"];
@@ -419,18 +421,11 @@ pub fn multi_question(mode: Option<&str>) -> Result<Option<MultiQuestion>, ApiEr
     .transpose()
 }
 
-fn no_task(task: &Option<String>, param: &str) -> Result<(), ApiError> {
-    match task {
-        Some(name) => Err(ApiError::invalid(
-            param,
-            format!("no task named `{name}` is registered on this server; give `options` instead"),
-        )),
-        None => Ok(()),
-    }
-}
-
 /// The questions of `POST /v1/decide`.
-pub fn decide(req: &DecideRequest) -> Result<(Vec<Question>, Option<MultiQuestion>), ApiError> {
+pub fn decide(
+    req: &DecideRequest,
+    tasks: &TaskRegistry,
+) -> Result<(Vec<Question>, Option<MultiQuestion>), ApiError> {
     let mode = multi_question(req.multi_question.as_deref())?;
     if req.state.trim().is_empty() {
         return Err(ApiError::invalid("state", "the state is empty"));
@@ -450,7 +445,18 @@ pub fn decide(req: &DecideRequest) -> Result<(Vec<Question>, Option<MultiQuestio
         .enumerate()
         .map(|(i, q)| {
             let param = format!("questions[{i}]");
-            no_task(&q.task, &format!("{param}.task"))?;
+            if let Some(name) = &q.task {
+                let question = tasks.question(
+                    name,
+                    q.id.clone(),
+                    q.abstain_below,
+                    q.temperature,
+                    &format!("{param}.task"),
+                )?;
+                task_alone(q.text.is_some(), q.options.is_some(), &param)?;
+                check_question(&question, &param)?;
+                return Ok(question);
+            }
             let text = q.text.clone().ok_or_else(|| {
                 ApiError::invalid(&format!("{param}.text"), "a question needs `text`")
             })?;
@@ -476,6 +482,7 @@ pub fn decide(req: &DecideRequest) -> Result<(Vec<Question>, Option<MultiQuestio
 pub fn chat_decision(
     req: &ChatCompletionRequest,
     d: &DecisioRequest,
+    tasks: &TaskRegistry,
 ) -> Result<(State, Question), ApiError> {
     if req.stream {
         return Err(ApiError::invalid(
@@ -484,7 +491,14 @@ pub fn chat_decision(
         ));
     }
     single_choice(req.n)?;
-    no_task(&d.task, "decisio.task")?;
+    let task = d
+        .task
+        .as_ref()
+        .map(|name| tasks.question(name, None, d.abstain_below, d.temperature, "decisio.task"))
+        .transpose()?;
+    if task.is_some() {
+        task_alone(false, d.options.is_some(), "decisio")?;
+    }
     // Generation settings do not apply to a decision: refuse rather than ignore.
     let not_for_decisions = |set: bool, param: &str, hint: &str| -> Result<(), ApiError> {
         if set {
@@ -550,16 +564,19 @@ pub fn chat_decision(
         .and_then(Value::as_str)
         .unwrap_or_default()
         .to_string();
-    let options = d
-        .options
-        .clone()
-        .ok_or_else(|| ApiError::invalid("decisio.options", "a decision needs `options`"))?;
-    let question = Question {
-        id: None,
-        text,
-        options,
-        abstain_below: d.abstain_below,
-        temperature: d.temperature,
+    let question = match task {
+        // The task's own question is asked; the last user message must
+        // still be there, as on every decision.
+        Some(question) => question,
+        None => Question {
+            id: None,
+            text,
+            options: d.options.clone().ok_or_else(|| {
+                ApiError::invalid("decisio.options", "a decision needs `options` (or `task`)")
+            })?,
+            abstain_below: d.abstain_below,
+            temperature: d.temperature,
+        },
     };
     check_question(&question, "decisio")?;
     if messages.len() < 2 {
@@ -569,4 +586,185 @@ pub fn chat_decision(
         ));
     }
     Ok((State::Messages(messages[..last].to_vec()), question))
+}
+
+/// A question that names a task takes its text and options from the task.
+fn task_alone(text: bool, options: bool, param: &str) -> Result<(), ApiError> {
+    for (set, field) in [(text, "text"), (options, "options")] {
+        if set {
+            return Err(ApiError::invalid(
+                &format!("{param}.{field}"),
+                format!("a question that names a `task` takes its {field} from the task; leave `{field}` out"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Bounds of a share or probability in (0, 1] (or (0, 1) when `open`).
+fn unit(value: f64, open: bool, param: &str) -> Result<f64, ApiError> {
+    let ok = value.is_finite() && value > 0.0 && (value < 1.0 || (!open && value == 1.0));
+    if !ok {
+        let range = if open { "(0, 1)" } else { "(0, 1]" };
+        return Err(ApiError::invalid(
+            param,
+            format!("`{param}` must be in {range}; got {value}"),
+        ));
+    }
+    Ok(value)
+}
+
+/// A registration: a task spec and its examples, each label an option's
+/// index, or a 400 naming the field.
+pub fn task(req: &TaskRequest, limits: &Limits) -> Result<(TaskSpec, Vec<Example>), ApiError> {
+    let name = req.name.trim();
+    if name.is_empty()
+        || name.len() > limits.max_task_name_bytes
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    {
+        return Err(ApiError::invalid(
+            "name",
+            format!(
+                "a task name is 1 to {} characters of A-Z, a-z, 0-9, `-`, `_` and `.`; got `{}`",
+                limits.max_task_name_bytes, req.name
+            ),
+        ));
+    }
+    let kind = match req.kind.as_deref() {
+        None | Some("choice") => Kind::Choice,
+        Some("intent") => {
+            return Err(ApiError::invalid(
+                "kind",
+                "`intent` tasks (an intent head on the hidden state) are not served yet; \
+                 register a `choice` task with up to 26 options",
+            ))
+        }
+        Some(other) => {
+            return Err(ApiError::invalid(
+                "kind",
+                format!("`kind` must be `choice` or `intent`; got `{other}`"),
+            ))
+        }
+    };
+    if req.labels.is_some() {
+        return Err(ApiError::invalid(
+            "labels",
+            "a `choice` task takes `options`; `labels` are for `intent` tasks",
+        ));
+    }
+    if req.head.is_some() {
+        return Err(ApiError::invalid(
+            "head",
+            "`head` applies to `intent` tasks only",
+        ));
+    }
+    let options = req
+        .options
+        .clone()
+        .ok_or_else(|| ApiError::invalid("options", "a `choice` task needs `options`"))?;
+    let probe = Question {
+        id: None,
+        text: req.question.clone(),
+        options,
+        abstain_below: None,
+        temperature: None,
+    };
+    // The same rules as a decision's question, with the registration's names.
+    check_question(&probe, "task").map_err(|e| match ApiError::from(e) {
+        ApiError::BadRequest { message, param } => ApiError::BadRequest {
+            message,
+            param: param.map(|p| {
+                p.trim_start_matches("task.")
+                    .replacen("text", "question", 1)
+            }),
+        },
+        other => other,
+    })?;
+    let labels: Vec<String> = probe.options.iter().map(|o| o.trim().to_string()).collect();
+    let n = req.examples.len();
+    if n < 2 || n > limits.max_task_examples {
+        return Err(ApiError::invalid(
+            "examples",
+            format!(
+                "a registration takes 2 to {} examples; got {n}",
+                limits.max_task_examples
+            ),
+        ));
+    }
+    let mut counts = vec![0usize; labels.len()];
+    let mut examples = Vec::with_capacity(n);
+    for (i, e) in req.examples.iter().enumerate() {
+        if e.state.trim().is_empty() {
+            return Err(ApiError::invalid(
+                &format!("examples[{i}].state"),
+                "the state is empty",
+            ));
+        }
+        let label = labels
+            .iter()
+            .position(|l| l == e.label.trim())
+            .ok_or_else(|| {
+                ApiError::invalid(
+                    &format!("examples[{i}].label"),
+                    format!("the label `{}` is not one of the task's options", e.label),
+                )
+            })?;
+        counts[label] += 1;
+        examples.push(Example {
+            state: e.state.clone(),
+            label,
+        });
+    }
+    if let Some(j) = counts.iter().position(|&c| c == 0) {
+        return Err(ApiError::invalid(
+            &format!("options[{j}]"),
+            format!("the option `{}` has no example", labels[j]),
+        ));
+    }
+    let holdout = unit(req.holdout.unwrap_or(0.2), true, "holdout")?;
+    let seed = match req.seed {
+        None => 0,
+        Some(s) if s >= 0 => s as u64,
+        Some(s) => {
+            return Err(ApiError::invalid(
+                "seed",
+                format!("`seed` must be 0 or more; got {s}"),
+            ))
+        }
+    };
+    let abstention = match &req.abstention {
+        None => None,
+        Some(a) => match (a.target_accuracy, a.abstain_below) {
+            (Some(t), None) => Some(Abstention::TargetAccuracy(unit(
+                t,
+                false,
+                "abstention.target_accuracy",
+            )?)),
+            (None, Some(b)) => Some(Abstention::AbstainBelow(unit(
+                b,
+                false,
+                "abstention.abstain_below",
+            )?)),
+            _ => {
+                return Err(ApiError::invalid(
+                    "abstention",
+                    "`abstention` takes exactly one of `target_accuracy` and `abstain_below`",
+                ))
+            }
+        },
+    };
+    Ok((
+        TaskSpec {
+            name: name.to_string(),
+            kind,
+            question: req.question.trim().to_string(),
+            labels,
+            holdout,
+            seed,
+            abstention,
+        },
+        examples,
+    ))
 }

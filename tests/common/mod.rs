@@ -28,6 +28,28 @@ pub fn model_dir() -> PathBuf {
     dir
 }
 
+/// The test assets fetched by `make setup` (scripts/fetch-assets.sh).
+pub fn asset(name: &str) -> PathBuf {
+    let dir = std::env::var_os("DECISIO_ASSETS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| cache_dir().join("assets"));
+    let path = dir.join(name);
+    assert!(
+        path.exists(),
+        "the asset {} is missing; run `make setup`",
+        path.display()
+    );
+    path
+}
+
+/// A fresh, empty folder under the system's temporary folder.
+pub fn fresh_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("decisio-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
 /// Reference figures written by `make reference`.
 pub fn reference_file(name: &str) -> PathBuf {
     let dir = std::env::var_os("DECISIO_REFERENCE_DIR")
@@ -43,9 +65,12 @@ pub fn reference_file(name: &str) -> PathBuf {
 }
 
 /// A `decisio serve` process on a free loopback port, stopped on drop.
+/// Without `--state-dir` among its arguments it gets a fresh state folder
+/// of its own (a state folder serves one server at a time), removed on drop.
 pub struct Server {
     child: Child,
     pub port: u16,
+    own_state: Option<PathBuf>,
 }
 
 impl Server {
@@ -65,6 +90,12 @@ impl Server {
     /// it was).
     pub fn spawn_on(port: u16, extra: &[&str]) -> Server {
         let model = model_dir();
+        let own_state =
+            (!extra.contains(&"--state-dir")).then(|| fresh_dir(&format!("state-{port}")));
+        let state_args: Vec<&std::ffi::OsStr> = match &own_state {
+            Some(dir) => vec!["--state-dir".as_ref(), dir.as_os_str()],
+            None => Vec::new(),
+        };
         let child = Command::new(env!("CARGO_BIN_EXE_decisio"))
             .args(["serve", "--model"])
             .arg(&model)
@@ -75,11 +106,16 @@ impl Server {
                 &port.to_string(),
             ])
             .args(extra)
+            .args(state_args)
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
             .expect("start decisio serve");
-        let server = Server { child, port };
+        let server = Server {
+            child,
+            port,
+            own_state,
+        };
         let start = Instant::now();
         while TcpStream::connect(("127.0.0.1", port)).is_err() {
             assert!(
@@ -211,6 +247,9 @@ impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if let Some(dir) = &self.own_state {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }
 

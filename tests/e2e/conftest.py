@@ -4,6 +4,7 @@ import os
 import pathlib
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.request
 
@@ -25,9 +26,11 @@ def free_port():
 def server():
     assert (MODEL / "config.json").exists(), f"fixture model missing at {MODEL}; run make setup"
     port = free_port()
+    state_dir = tempfile.mkdtemp(prefix="decisio-e2e-state-")
     proc = subprocess.Popen(
         [str(ROOT / "target/release/decisio"), "serve", "--model", str(MODEL),
-         "--served-model-name", "smollm2", "--port", str(port), "--api-key", API_KEY],
+         "--served-model-name", "smollm2", "--port", str(port), "--api-key", API_KEY,
+         "--state-dir", state_dir],
         stdout=subprocess.DEVNULL,
     )
     base = f"http://127.0.0.1:{port}"

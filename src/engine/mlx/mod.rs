@@ -452,7 +452,12 @@ fn score(
     prefix_cache: &PrefixCache<Snapshot>,
     request: &ScoreRequest,
 ) -> MlxResult<ScoreResult> {
-    let (snapshot, cached, new_state_seconds) = match prefix_cache.get(&request.state) {
+    let found = if request.cache {
+        prefix_cache.get(&request.state)
+    } else {
+        None
+    };
+    let (snapshot, cached, new_state_seconds) = match found {
         Some(snapshot) => (snapshot, true, None),
         None => {
             let started = Instant::now();
@@ -460,10 +465,12 @@ fn score(
             model.prefill(&request.prefix, &mut cache, options.prefill_chunk)?;
             cache.eval()?;
             let seconds = started.elapsed().as_secs_f64();
-            options.metrics.new_state_seconds.observe(seconds);
             let room = options.answers_per_state * answer_bytes(model, request);
             let snapshot = Arc::new(Snapshot::new(cache, room));
-            prefix_cache.insert(request.state, snapshot.clone());
+            if request.cache {
+                options.metrics.new_state_seconds.observe(seconds);
+                prefix_cache.insert(request.state, snapshot.clone());
+            }
             (snapshot, false, Some(seconds))
         }
     };

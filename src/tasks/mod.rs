@@ -1,0 +1,684 @@
+//! Task registration: a question a client asks again and again, taught to
+//! the server once.
+//!
+//! A registration names a question, its options and labelled examples. A
+//! background worker runs the letters readout over every example, one
+//! engine job per example (so decisions queued meanwhile wait for at most
+//! one example), checkpoints the logits, then fits the temperature on the
+//! fit split and reports accuracy, NLL, ECE and the reliability table before
+//! and after on the holdout, and the abstention threshold. Tasks live in the
+//! state folder ([`store`]) and survive a restart; a registration cut short
+//! resumes from its checkpoint. Decisions name a ready task instead of
+//! options ([`TaskRegistry::question`]).
+//!
+//! This module knows nothing of HTTP: the server validates bodies into a
+//! [`TaskSpec`] and maps [`TaskError`] to statuses.
+//! `docs/design/tasks.md` states every rule.
+
+pub mod calibrate;
+pub mod store;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use self::calibrate::{Figures, Threshold};
+use self::store::Store;
+use crate::engine::EngineError;
+use crate::metrics::Metrics;
+use crate::route::{Question, RouteError, State, TextRoute};
+
+/// The version of the files in the state folder; files of another version
+/// are refused at start with a message naming both.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// How often a running registration checkpoints its logits and progress.
+const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
+
+/// How often a running registration logs its progress.
+const LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// What the worker waits before offering a job again when the engine's
+/// queue is full (serving comes first).
+const QUEUE_FULL_WAIT: Duration = Duration::from_millis(20);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    /// Options read as letters; a fitted temperature.
+    Choice,
+    /// Labels too many for letters; an intent head.
+    Intent,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    Queued,
+    Running,
+    Ready,
+    Failed,
+    Cancelled,
+}
+
+impl Status {
+    pub const ALL: [Status; 5] = [
+        Status::Queued,
+        Status::Running,
+        Status::Ready,
+        Status::Failed,
+        Status::Cancelled,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Queued => "queued",
+            Status::Running => "running",
+            Status::Ready => "ready",
+            Status::Failed => "failed",
+            Status::Cancelled => "cancelled",
+        }
+    }
+
+    /// Queued or running: the worker still has work on it.
+    pub fn pending(self) -> bool {
+        matches!(self, Status::Queued | Status::Running)
+    }
+}
+
+/// How a ready task abstains.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Abstention {
+    /// The smallest threshold whose holdout accuracy reaches this.
+    TargetAccuracy(f64),
+    /// A fixed threshold.
+    AbstainBelow(f64),
+}
+
+/// One labelled example: a state and the index of its option.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Example {
+    pub state: String,
+    pub label: usize,
+}
+
+/// A registration, validated (examples apart).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TaskSpec {
+    pub name: String,
+    pub kind: Kind,
+    pub question: String,
+    /// The options (choice) or labels (intent), in order.
+    pub labels: Vec<String>,
+    /// Share of the examples held out for the figures.
+    pub holdout: f64,
+    pub seed: u64,
+    pub abstention: Option<Abstention>,
+}
+
+/// How far a registration has come.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Progress {
+    /// Examples scored, of `total`.
+    pub done: usize,
+    pub total: usize,
+    /// Examples per second since the registration (re)started.
+    pub rate: Option<f64>,
+    /// Seconds left at that rate.
+    pub eta_seconds: Option<f64>,
+    /// Examples found in the checkpoint when the registration last started.
+    pub resumed_from: usize,
+    /// Times the registration was resumed after the server stopped.
+    pub restarts: u32,
+}
+
+/// What a ready task was fitted to and how well.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    /// The fitted letter temperature.
+    pub temperature: f64,
+    pub fit_examples: usize,
+    pub holdout_examples: usize,
+    /// The held-out examples' indices, ascending.
+    pub holdout_indices: Vec<usize>,
+    /// Holdout figures at the base's default temperature.
+    pub before: Figures,
+    /// Holdout figures at the fitted temperature.
+    pub after: Figures,
+    /// The abstention threshold and what it costs on the holdout.
+    pub abstention: Option<Threshold>,
+    /// Seconds of scoring and fitting (over all restarts).
+    pub seconds: f64,
+}
+
+/// A task as the state folder keeps it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TaskRecord {
+    pub format_version: u32,
+    pub id: String,
+    /// Unix seconds of the registration.
+    pub created: u64,
+    /// The identity of the model the task was registered on.
+    pub model: String,
+    pub spec: TaskSpec,
+    pub status: Status,
+    pub error: Option<String>,
+    pub progress: Progress,
+    pub report: Option<Report>,
+    /// Seconds spent scoring before the last restart.
+    #[serde(default)]
+    pub seconds: f64,
+}
+
+/// Why a task operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum TaskError {
+    /// A bad registration or task reference; `param` names the field.
+    #[error("{message}")]
+    Invalid { param: String, message: String },
+    /// No task with this id.
+    #[error("there is no task `{0}`; GET /v1/tasks lists the tasks")]
+    NotFound(String),
+    /// The task exists but cannot answer yet (or any more).
+    #[error("{message}")]
+    NotReady { param: String, message: String },
+    /// The state folder could not be written.
+    #[error("{0}")]
+    Store(String),
+}
+
+/// What `DELETE` did.
+#[derive(Debug)]
+pub enum Deleted {
+    /// A queued or running registration was cancelled (the task remains,
+    /// `cancelled`, until deleted again).
+    Cancelled(TaskRecord),
+    /// A finished task was removed with its files.
+    Removed(TaskRecord),
+}
+
+/// Limits of registrations (from [`crate::settings::Limits`]).
+#[derive(Clone, Debug)]
+pub struct TaskLimits {
+    pub max_tasks: usize,
+}
+
+/// The tasks of one server, and the worker that registers them.
+pub struct TaskRegistry {
+    tasks: Mutex<BTreeMap<String, TaskRecord>>,
+    wake: Condvar,
+    store: Store,
+    route: Arc<TextRoute>,
+    metrics: Arc<Metrics>,
+    limits: TaskLimits,
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn new_id() -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    format!("task-{t:016x}{n:04x}")
+}
+
+impl TaskRegistry {
+    /// Opens the state folder `root`, resumes the registrations a stop cut
+    /// short, and starts the worker. Fails with a message naming the
+    /// folder when it cannot be read or holds another format.
+    pub fn open(
+        root: &Path,
+        route: Arc<TextRoute>,
+        limits: TaskLimits,
+    ) -> Result<Arc<Self>, String> {
+        let store = Store::open(root)?;
+        let model = route.engine().info().identity.clone();
+        let mut tasks = BTreeMap::new();
+        for mut record in store.load()? {
+            if record.status.pending() {
+                if record.model != model {
+                    record.status = Status::Failed;
+                    record.error = Some(
+                        "the server restarted on another model before this registration \
+                         finished; register it again"
+                            .into(),
+                    );
+                } else {
+                    if record.status == Status::Running {
+                        record.progress.restarts += 1;
+                    }
+                    record.status = Status::Queued;
+                    tracing::info!(
+                        "task `{}` ({}): resuming its registration",
+                        record.spec.name,
+                        record.id
+                    );
+                }
+                store.save(&record)?;
+            }
+            tasks.insert(record.id.clone(), record);
+        }
+        tracing::info!("state folder {}: {} task(s)", root.display(), tasks.len());
+        let registry = Arc::new(TaskRegistry {
+            tasks: Mutex::new(tasks),
+            wake: Condvar::new(),
+            store,
+            metrics: route.metrics.clone(),
+            route,
+            limits,
+        });
+        registry.update_gauges(&registry.lock());
+        let worker = registry.clone();
+        std::thread::Builder::new()
+            .name("task-registration".into())
+            .spawn(move || worker.work())
+            .map_err(|e| format!("cannot start the registration worker: {e}"))?;
+        Ok(registry)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, BTreeMap<String, TaskRecord>> {
+        self.tasks.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn update_gauges(&self, tasks: &BTreeMap<String, TaskRecord>) {
+        for s in Status::ALL {
+            let n = tasks.values().filter(|r| r.status == s).count();
+            self.metrics
+                .task_registration_tasks
+                .with_label_values(&[s.as_str()])
+                .set(n as i64);
+        }
+    }
+
+    /// Queues a registration; returns the new task.
+    pub fn register(
+        &self,
+        spec: TaskSpec,
+        examples: Vec<Example>,
+    ) -> Result<TaskRecord, TaskError> {
+        let taken = |tasks: &BTreeMap<String, TaskRecord>| -> Result<(), TaskError> {
+            if tasks.values().any(|r| r.spec.name == spec.name) {
+                return Err(TaskError::Invalid {
+                    param: "name".into(),
+                    message: format!(
+                        "a task named `{}` already exists; DELETE it first or choose another name",
+                        spec.name
+                    ),
+                });
+            }
+            if tasks.len() >= self.limits.max_tasks {
+                return Err(TaskError::Invalid {
+                    param: "name".into(),
+                    message: format!(
+                        "this server holds its limit of {} tasks; DELETE one first",
+                        self.limits.max_tasks
+                    ),
+                });
+            }
+            Ok(())
+        };
+        taken(&self.lock())?;
+        let id = new_id();
+        // The examples (the large part) are written before the registry is
+        // locked; the worker only sees a task once its record is in.
+        self.store
+            .save_examples(&id, &examples)
+            .map_err(TaskError::Store)?;
+        let record = TaskRecord {
+            format_version: FORMAT_VERSION,
+            id,
+            created: unix_now(),
+            model: self.route.engine().info().identity.clone(),
+            progress: Progress {
+                total: examples.len(),
+                ..Progress::default()
+            },
+            spec: spec.clone(),
+            status: Status::Queued,
+            error: None,
+            report: None,
+            seconds: 0.0,
+        };
+        let mut tasks = self.lock();
+        // Checked again: another registration may have taken the name meanwhile.
+        if let Err(e) =
+            taken(&tasks).and_then(|()| self.store.save(&record).map_err(TaskError::Store))
+        {
+            drop(tasks);
+            let _ = self.store.remove(&record.id);
+            return Err(e);
+        }
+        tracing::info!(
+            "task `{}` ({}): queued, {} examples",
+            record.spec.name,
+            record.id,
+            examples.len()
+        );
+        tasks.insert(record.id.clone(), record.clone());
+        self.update_gauges(&tasks);
+        self.wake.notify_all();
+        Ok(record)
+    }
+
+    /// Every task, oldest first.
+    pub fn list(&self) -> Vec<TaskRecord> {
+        self.lock().values().cloned().collect()
+    }
+
+    pub fn get(&self, id: &str) -> Result<TaskRecord, TaskError> {
+        self.lock()
+            .get(id)
+            .cloned()
+            .ok_or_else(|| TaskError::NotFound(id.to_string()))
+    }
+
+    /// Cancels a pending registration, or removes a finished task.
+    pub fn delete(&self, id: &str) -> Result<Deleted, TaskError> {
+        let mut tasks = self.lock();
+        let record = tasks
+            .get_mut(id)
+            .ok_or_else(|| TaskError::NotFound(id.to_string()))?;
+        let out = if record.status.pending() {
+            record.status = Status::Cancelled;
+            record.progress.rate = None;
+            record.progress.eta_seconds = None;
+            self.store.save(record).map_err(TaskError::Store)?;
+            self.metrics
+                .task_registrations
+                .with_label_values(&["cancelled"])
+                .inc();
+            tracing::info!("task `{}` ({id}): cancelled", record.spec.name);
+            Deleted::Cancelled(record.clone())
+        } else {
+            self.store.remove(id).map_err(TaskError::Store)?;
+            let record = tasks.remove(id).expect("present");
+            tracing::info!("task `{}` ({id}): removed", record.spec.name);
+            Deleted::Removed(record)
+        };
+        self.update_gauges(&tasks);
+        Ok(out)
+    }
+
+    /// The question a decision asks when it names task `name`: the task's
+    /// question and options, the request's temperature else the fitted one,
+    /// the request's `abstain_below` else the task's threshold. `param`
+    /// names the request's field in errors.
+    pub fn question(
+        &self,
+        name: &str,
+        id: Option<String>,
+        abstain_below: Option<f64>,
+        temperature: Option<f64>,
+        param: &str,
+    ) -> Result<Question, TaskError> {
+        let tasks = self.lock();
+        let record = tasks
+            .values()
+            .find(|r| r.spec.name == name)
+            .ok_or_else(|| TaskError::Invalid {
+                param: param.to_string(),
+                message: format!(
+                    "no task named `{name}` is registered on this server; register it with \
+                     POST /v1/tasks or give `options` instead"
+                ),
+            })?;
+        let report = match (&record.report, record.status) {
+            (Some(r), Status::Ready) => r,
+            (_, status) => {
+                let detail = match status {
+                    Status::Queued | Status::Running => format!(
+                        "its registration is {} ({} of {} examples scored); retry when GET \
+                         /v1/tasks/{} says ready",
+                        status.as_str(),
+                        record.progress.done,
+                        record.progress.total,
+                        record.id
+                    ),
+                    Status::Failed => format!(
+                        "its registration failed ({}); register it again",
+                        record.error.as_deref().unwrap_or("no reason recorded")
+                    ),
+                    _ => "its registration was cancelled; register it again".to_string(),
+                };
+                return Err(TaskError::NotReady {
+                    param: param.to_string(),
+                    message: format!("the task `{name}` is not ready: {detail}"),
+                });
+            }
+        };
+        if record.model != self.route.engine().info().identity {
+            return Err(TaskError::NotReady {
+                param: param.to_string(),
+                message: format!(
+                    "the task `{name}` was fitted on another model; register it again on this one"
+                ),
+            });
+        }
+        Ok(Question {
+            id,
+            text: record.spec.question.clone(),
+            options: record.spec.labels.clone(),
+            abstain_below: abstain_below
+                .or_else(|| report.abstention.as_ref().and_then(|a| a.abstain_below)),
+            temperature: temperature.or(Some(report.temperature)),
+        })
+    }
+
+    /// The worker: registrations one at a time, oldest first.
+    fn work(self: Arc<Self>) {
+        loop {
+            let id = {
+                let mut tasks = self.lock();
+                loop {
+                    if let Some(r) = tasks.values().find(|r| r.status == Status::Queued) {
+                        break r.id.clone();
+                    }
+                    tasks = self.wake.wait(tasks).unwrap_or_else(|p| p.into_inner());
+                }
+            };
+            if let Err(e) = self.run(&id) {
+                self.fail(&id, e);
+            }
+        }
+    }
+
+    /// Applies `f` to the task's record and saves it; `None` when the task
+    /// is gone or no longer pending (deleted or cancelled meanwhile).
+    fn update(&self, id: &str, f: impl FnOnce(&mut TaskRecord)) -> Result<Option<()>, String> {
+        let mut tasks = self.lock();
+        let Some(record) = tasks.get_mut(id).filter(|r| r.status.pending()) else {
+            return Ok(None);
+        };
+        f(record);
+        self.store.save(record)?;
+        self.update_gauges(&tasks);
+        Ok(Some(()))
+    }
+
+    fn fail(&self, id: &str, message: String) {
+        let mut name = String::new();
+        let saved = self.update(id, |r| {
+            name = r.spec.name.clone();
+            r.status = Status::Failed;
+            r.error = Some(message.clone());
+            r.progress.rate = None;
+            r.progress.eta_seconds = None;
+        });
+        if let Ok(Some(())) = saved {
+            tracing::warn!("task `{name}` ({id}): registration failed: {message}");
+            self.metrics
+                .task_registrations
+                .with_label_values(&["failed"])
+                .inc();
+            self.store.remove_checkpoint(id);
+        }
+    }
+
+    /// Scores every example not yet in the checkpoint, then fits.
+    fn run(&self, id: &str) -> Result<(), String> {
+        let record = self.get(id).map_err(|e| e.to_string())?;
+        let spec = record.spec.clone();
+        let examples = self.store.load_examples(id)?;
+        let mut logits = self.store.load_checkpoint(id)?;
+        if logits.len() > examples.len() || logits.iter().any(|l| l.len() != spec.labels.len()) {
+            logits.clear();
+        }
+        let resumed = logits.len();
+        let started = Instant::now();
+        let before = record.seconds;
+        let Some(()) = self.update(id, |r| {
+            r.status = Status::Running;
+            r.progress.done = resumed;
+            r.progress.resumed_from = resumed;
+        })?
+        else {
+            return Ok(());
+        };
+        tracing::info!(
+            "task `{}` ({id}): running, {} of {} examples scored",
+            spec.name,
+            resumed,
+            examples.len()
+        );
+        let question = Question {
+            id: None,
+            text: spec.question.clone(),
+            options: spec.labels.clone(),
+            abstain_below: None,
+            temperature: None,
+        };
+        let (mut last_save, mut last_log) = (Instant::now(), Instant::now());
+        for i in resumed..examples.len() {
+            if !self.pending(id) {
+                self.store.remove_checkpoint(id);
+                return Ok(());
+            }
+            logits.push(self.readout(&examples[i].state, &question, i)?);
+            self.metrics.task_registration_examples.inc();
+            let done = logits.len();
+            let elapsed = started.elapsed().as_secs_f64();
+            let rate = (done - resumed) as f64 / elapsed.max(1e-9);
+            self.metrics.task_registration_rate.set(rate);
+            let progress = |r: &mut TaskRecord| {
+                r.progress.done = done;
+                r.progress.rate = Some(rate);
+                r.progress.eta_seconds = Some((r.progress.total - done) as f64 / rate);
+                r.seconds = before + elapsed;
+            };
+            // The checkpoint and the record are saved together now and then;
+            // progress is kept in memory after every example.
+            if last_save.elapsed() >= CHECKPOINT_EVERY || done == examples.len() {
+                last_save = Instant::now();
+                self.store.save_checkpoint(id, &logits)?;
+                self.update(id, progress)?;
+            } else {
+                let mut tasks = self.lock();
+                if let Some(r) = tasks.get_mut(id).filter(|r| r.status.pending()) {
+                    progress(r);
+                }
+            }
+            if last_log.elapsed() >= LOG_EVERY {
+                last_log = Instant::now();
+                tracing::info!(
+                    "task `{}` ({id}): {done} of {} examples, {rate:.2}/s",
+                    spec.name,
+                    examples.len()
+                );
+            }
+        }
+        let labels: Vec<usize> = examples.iter().map(|e| e.label).collect();
+        let mut report = fit(&spec, &logits, &labels, self.route.default_temperature);
+        report.seconds = before + started.elapsed().as_secs_f64();
+        let figures = (report.temperature, report.before.ece, report.after.ece);
+        let Some(()) = self.update(id, |r| {
+            r.status = Status::Ready;
+            r.progress.done = logits.len();
+            r.progress.eta_seconds = Some(0.0);
+            r.seconds = report.seconds;
+            r.report = Some(report);
+        })?
+        else {
+            return Ok(());
+        };
+        self.store.remove_checkpoint(id);
+        self.metrics.task_registration_rate.set(0.0);
+        self.metrics
+            .task_registrations
+            .with_label_values(&["ready"])
+            .inc();
+        tracing::info!(
+            "task `{}` ({id}): ready, T = {:.4}, holdout ECE {:.4} -> {:.4}",
+            spec.name,
+            figures.0,
+            figures.1,
+            figures.2
+        );
+        Ok(())
+    }
+
+    fn pending(&self, id: &str) -> bool {
+        self.lock().get(id).is_some_and(|r| r.status.pending())
+    }
+
+    /// The letter logits of one example: one engine job, offered again
+    /// while the engine's queue is full or the model is loading.
+    fn readout(&self, state: &str, question: &Question, i: usize) -> Result<Vec<f32>, String> {
+        loop {
+            let job = self
+                .route
+                .readout(State::Text(state.to_string()), question.clone());
+            match futures::executor::block_on(job) {
+                Ok(logits) => return Ok(logits),
+                Err(RouteError::Engine(EngineError::QueueFull(_))) => {
+                    std::thread::sleep(QUEUE_FULL_WAIT)
+                }
+                Err(RouteError::Engine(EngineError::Loading)) => {
+                    std::thread::sleep(Duration::from_millis(200))
+                }
+                Err(e) => return Err(format!("examples[{i}]: {e}")),
+            }
+        }
+    }
+}
+
+/// Fits a choice task on its scored examples: the seeded split, the
+/// temperature on the fit split, the figures and the threshold on the
+/// holdout.
+pub fn fit(spec: &TaskSpec, logits: &[Vec<f32>], labels: &[usize], default_t: f64) -> Report {
+    let (fit_idx, held_idx) = calibrate::split(logits.len(), spec.holdout, spec.seed);
+    let pick = |idx: &[usize]| -> (Vec<Vec<f32>>, Vec<usize>) {
+        (
+            idx.iter().map(|&i| logits[i].clone()).collect(),
+            idx.iter().map(|&i| labels[i]).collect(),
+        )
+    };
+    let (fl, fy) = pick(&fit_idx);
+    let (hl, hy) = pick(&held_idx);
+    let t = calibrate::fit_temperature(&fl, &fy);
+    let pairs = calibrate::confidences(&hl, &hy, t);
+    let abstention = spec.abstention.map(|a| match a {
+        Abstention::TargetAccuracy(target) => calibrate::threshold_for_target(&pairs, target),
+        Abstention::AbstainBelow(b) => calibrate::threshold_fixed(&pairs, b),
+    });
+    Report {
+        temperature: t,
+        fit_examples: fl.len(),
+        holdout_examples: hl.len(),
+        holdout_indices: held_idx,
+        before: calibrate::figures(&hl, &hy, default_t),
+        after: calibrate::figures(&hl, &hy, t),
+        abstention,
+        seconds: 0.0,
+    }
+}

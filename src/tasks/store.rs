@@ -1,0 +1,228 @@
+//! The state folder: one JSON file per task and a checkpoint of the letter
+//! logits scored so far, each written atomically (a temporary file in the
+//! same folder, fsync, rename, fsync of the folder), so a crash leaves
+//! either the old file or the new one, never half of one.
+
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use super::{Example, TaskRecord, FORMAT_VERSION};
+
+/// The checkpoint of a registration: the letter logits of its first
+/// `logits.len()` examples, in example order.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Checkpoint {
+    pub format_version: u32,
+    pub id: String,
+    pub logits: Vec<Vec<f32>>,
+}
+
+/// A task's labelled examples, written once at registration.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Examples {
+    pub format_version: u32,
+    pub id: String,
+    pub examples: Vec<Example>,
+}
+
+/// The task files under `<state-dir>/tasks/`, and the lock that keeps the
+/// folder to one server (released when the process ends, however it ends).
+#[derive(Debug)]
+pub struct Store {
+    dir: PathBuf,
+    _lock: File,
+}
+
+/// The default state folder: `$XDG_STATE_HOME/decisio`, else
+/// `~/.local/state/decisio`.
+pub fn default_dir() -> PathBuf {
+    if let Some(x) = std::env::var_os("XDG_STATE_HOME").filter(|x| !x.is_empty()) {
+        return PathBuf::from(x).join("decisio");
+    }
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_default();
+    home.join(".local/state/decisio")
+}
+
+/// Writes `bytes` to `path` atomically.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.tmp"));
+    {
+        let mut f = File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+    }
+    fs::rename(&tmp, path)?;
+    File::open(dir)?.sync_all()
+}
+
+fn read_json<T: DeserializeOwned>(path: &Path) -> Result<T, String> {
+    let text = fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    serde_json::from_slice(&text).map_err(|e| format!("{} is not a task file: {e}", path.display()))
+}
+
+/// Refuses a file written in another format, naming both versions.
+fn check_version(path: &Path, dir: &Path) -> Result<(), String> {
+    let value: serde_json::Value = read_json(path)?;
+    let version = value.get("format_version").and_then(|v| v.as_u64());
+    match version {
+        Some(v) if v == u64::from(FORMAT_VERSION) => Ok(()),
+        other => Err(format!(
+            "the state folder {} holds {} in task format {}; this decisio reads format \
+             {FORMAT_VERSION} only. Register the tasks again with a fresh --state-dir (or move \
+             the folder aside).",
+            dir.display(),
+            path.file_name().unwrap_or_default().to_string_lossy(),
+            other.map_or("(none)".to_string(), |v| v.to_string())
+        )),
+    }
+}
+
+impl Store {
+    /// Opens (creating) `<root>/tasks`, removes temporary files a crash left
+    /// behind, and checks every file's format version.
+    pub fn open(root: &Path) -> Result<Self, String> {
+        let dir = root.join("tasks");
+        fs::create_dir_all(&dir)
+            .map_err(|e| format!("cannot create the state folder {}: {e}", dir.display()))?;
+        let lock_path = root.join("lock");
+        let lock = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| format!("cannot open {}: {e}", lock_path.display()))?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(fs::TryLockError::WouldBlock) => {
+                return Err(format!(
+                    "the state folder {} is in use by another decisio server; give this one a \
+                     folder of its own with --state-dir",
+                    root.display()
+                ))
+            }
+            Err(fs::TryLockError::Error(e)) => {
+                return Err(format!("cannot lock {}: {e}", lock_path.display()))
+            }
+        }
+        let store = Store { dir, _lock: lock };
+        for path in store.files()? {
+            let name = path.file_name().unwrap_or_default().to_string_lossy();
+            if name.starts_with('.') && name.ends_with(".tmp") {
+                fs::remove_file(&path)
+                    .map_err(|e| format!("cannot remove {}: {e}", path.display()))?;
+                continue;
+            }
+            if name.ends_with(".json") {
+                check_version(&path, root)?;
+            }
+        }
+        Ok(store)
+    }
+
+    fn files(&self) -> Result<Vec<PathBuf>, String> {
+        let mut files: Vec<PathBuf> = fs::read_dir(&self.dir)
+            .map_err(|e| format!("cannot list {}: {e}", self.dir.display()))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .collect();
+        files.sort();
+        Ok(files)
+    }
+
+    fn record_path(&self, id: &str) -> PathBuf {
+        self.dir.join(format!("{id}.json"))
+    }
+
+    fn checkpoint_path(&self, id: &str) -> PathBuf {
+        self.dir.join(format!("{id}.scores.json"))
+    }
+
+    fn examples_path(&self, id: &str) -> PathBuf {
+        self.dir.join(format!("{id}.examples.json"))
+    }
+
+    pub fn save_examples(&self, id: &str, examples: &[Example]) -> Result<(), String> {
+        let e = Examples {
+            format_version: FORMAT_VERSION,
+            id: id.to_string(),
+            examples: examples.to_vec(),
+        };
+        let bytes = serde_json::to_vec(&e).map_err(|e| e.to_string())?;
+        let path = self.examples_path(id);
+        write_atomic(&path, &bytes).map_err(|e| format!("cannot write {}: {e}", path.display()))
+    }
+
+    pub fn load_examples(&self, id: &str) -> Result<Vec<Example>, String> {
+        let e: Examples = read_json(&self.examples_path(id))?;
+        Ok(e.examples)
+    }
+
+    /// Every task record.
+    pub fn load(&self) -> Result<Vec<TaskRecord>, String> {
+        let mut out = Vec::new();
+        for path in self.files()? {
+            let name = path.file_name().unwrap_or_default().to_string_lossy();
+            let side = name.ends_with(".scores.json") || name.ends_with(".examples.json");
+            if name.ends_with(".json") && !side && !name.starts_with('.') {
+                out.push(read_json(&path)?);
+            }
+        }
+        Ok(out)
+    }
+
+    pub fn save(&self, record: &TaskRecord) -> Result<(), String> {
+        let bytes = serde_json::to_vec_pretty(record).map_err(|e| e.to_string())?;
+        let path = self.record_path(&record.id);
+        write_atomic(&path, &bytes).map_err(|e| format!("cannot write {}: {e}", path.display()))
+    }
+
+    pub fn save_checkpoint(&self, id: &str, logits: &[Vec<f32>]) -> Result<(), String> {
+        let c = Checkpoint {
+            format_version: FORMAT_VERSION,
+            id: id.to_string(),
+            logits: logits.to_vec(),
+        };
+        let bytes = serde_json::to_vec(&c).map_err(|e| e.to_string())?;
+        let path = self.checkpoint_path(id);
+        write_atomic(&path, &bytes).map_err(|e| format!("cannot write {}: {e}", path.display()))
+    }
+
+    /// The logits scored before an interruption (none when no checkpoint).
+    pub fn load_checkpoint(&self, id: &str) -> Result<Vec<Vec<f32>>, String> {
+        let path = self.checkpoint_path(id);
+        if !path.exists() {
+            return Ok(Vec::new());
+        }
+        let c: Checkpoint = read_json(&path)?;
+        Ok(c.logits)
+    }
+
+    pub fn remove_checkpoint(&self, id: &str) {
+        let _ = fs::remove_file(self.checkpoint_path(id));
+    }
+
+    /// Removes a task's files.
+    pub fn remove(&self, id: &str) -> Result<(), String> {
+        self.remove_checkpoint(id);
+        let _ = fs::remove_file(self.examples_path(id));
+        let path = self.record_path(id);
+        match fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(format!("cannot remove {}: {e}", path.display())),
+        }
+        File::open(&self.dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| e.to_string())
+    }
+}

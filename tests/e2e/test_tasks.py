@@ -1,0 +1,72 @@
+"""Tasks through the official OpenAI Python SDK: the example registration
+(examples/task_yesno.json) registered with the SDK's generic `post`,
+followed to `ready`, then named in a chat decision (`extra_body`) and in
+`POST /v1/decide`."""
+
+import json
+import math
+import pathlib
+import time
+
+import openai
+import pytest
+
+EXAMPLE = pathlib.Path(__file__).resolve().parents[2] / "examples/task_yesno.json"
+
+
+def test_a_registered_task_answers_through_the_sdk(client):
+    body = json.loads(EXAMPLE.read_text())
+    task = client.post("/tasks", cast_to=object, body=body)
+    assert task["object"] == "task" and task["status"] == "queued"
+    assert task["progress"]["total"] == len(body["examples"])
+    tid = task["id"]
+
+    deadline = time.time() + 300
+    while task["status"] in ("queued", "running"):
+        assert time.time() < deadline, task
+        time.sleep(0.3)
+        task = client.get(f"/tasks/{tid}", cast_to=object)
+    assert task["status"] == "ready", task
+    result = task["result"]
+    t = result["temperature"]
+    assert 0.01 <= t <= 100
+    for key in ("before", "after"):
+        f = result[key]
+        assert 0 <= f["accuracy"] <= 1 and f["nll"] > 0 and 0 <= f["ece"] <= 1
+        assert sum(b["count"] for b in f["reliability"]) == result["holdout_examples"]
+    listed = client.get("/tasks", cast_to=object)
+    assert [x["id"] for x in listed["data"]] == [tid]
+
+    # A chat decision naming the task: its question, options and temperature.
+    r = client.chat.completions.create(
+        model="smollm2",
+        messages=[{"role": "system", "content": "Refund my order 4410, it never arrived."},
+                  {"role": "user", "content": "Does the customer ask for a refund?"}],
+        extra_body={"decisio": {"task": "refund", "abstain_below": 0.01}})
+    answer = r.model_extra["decisio"]["answer"]
+    assert answer["temperature"] == pytest.approx(t, rel=1e-6)
+    assert set(answer["probabilities"]) == {"A", "B"}
+    assert r.choices[0].message.content == answer["letter"]
+    top = r.choices[0].logprobs.content[0].top_logprobs
+    assert sum(math.exp(x.logprob) for x in top) == pytest.approx(1.0, abs=1e-4)
+
+    d = client.post("/decide", cast_to=object, body={
+        "state": "Refund my order 4410, it never arrived.",
+        "questions": [{"id": "r", "task": "refund", "temperature": 1.0}]})
+    assert d["answers"][0]["temperature"] == 1.0
+    assert d["answers"][0]["option"] in (None, "yes", "no")
+
+    # Cancelling and removing.
+    with pytest.raises(openai.BadRequestError) as e:
+        client.post("/tasks", cast_to=object, body=body)
+    assert e.value.body["param"] == "name"
+    gone = client.delete(f"/tasks/{tid}", cast_to=object)
+    assert gone == {"id": tid, "object": "task.deleted", "deleted": True}
+    with pytest.raises(openai.NotFoundError):
+        client.get(f"/tasks/{tid}", cast_to=object)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(
+            model="smollm2",
+            messages=[{"role": "system", "content": "x"}, {"role": "user", "content": "y"}],
+            extra_body={"decisio": {"task": "refund"}})
+    assert e.value.body["param"] == "decisio.task"

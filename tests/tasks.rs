@@ -1,0 +1,683 @@
+//! Task registration on a real server with the fixture model and MMLU: the
+//! fitted temperature and the holdout figures checked against decisions
+//! served at explicit temperatures, serving by task name, bad
+//! registrations, cancellation, and a registration killed midway that
+//! resumes after a restart.
+
+mod common;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::Server;
+use serde_json::{json, Value};
+
+const QUESTION: &str = "Which answer to this question is correct?";
+
+/// `n` MMLU questions (every 37th line), each a state with its four answers
+/// lettered, labelled with the correct letter.
+fn mmlu_examples(n: usize) -> Vec<Value> {
+    let text = std::fs::read_to_string(common::asset("mmlu.jsonl")).unwrap();
+    text.lines()
+        .step_by(37)
+        .take(n)
+        .map(|line| {
+            let r: Value = serde_json::from_str(line).unwrap();
+            let state = format!(
+                "{}\nA. {}\nB. {}\nC. {}\nD. {}",
+                r["question"].as_str().unwrap(),
+                r["answer_a"].as_str().unwrap(),
+                r["answer_b"].as_str().unwrap(),
+                r["answer_c"].as_str().unwrap(),
+                r["answer_d"].as_str().unwrap()
+            );
+            json!({"state": state, "label": r["correct_answer"]})
+        })
+        .collect()
+}
+
+fn registration(name: &str, examples: Vec<Value>) -> Value {
+    json!({
+        "name": name, "kind": "choice", "question": QUESTION,
+        "options": ["A", "B", "C", "D"], "examples": examples,
+        "holdout": 0.25, "seed": 3, "abstention": {"target_accuracy": 0.3}
+    })
+}
+
+fn get(s: &Server, path: &str) -> common::Response {
+    s.request("GET", path, &[], None).unwrap()
+}
+
+fn task(s: &Server, id: &str) -> Value {
+    let r = get(s, &format!("/v1/tasks/{id}"));
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.json()
+}
+
+/// Polls the task until `done` says stop; returns the last view.
+fn wait_for(s: &Server, id: &str, limit: Duration, done: impl Fn(&Value) -> bool) -> Value {
+    let start = Instant::now();
+    loop {
+        let t = task(s, id);
+        if done(&t) {
+            return t;
+        }
+        assert!(
+            start.elapsed() < limit,
+            "the task did not get there within {limit:?}: {t}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn register(s: &Server, body: &Value) -> String {
+    let r = s.post_json("/v1/tasks", body);
+    assert_eq!(r.status, 202, "{}", r.text());
+    let t = r.json();
+    let id = t["id"].as_str().unwrap().to_string();
+    assert_eq!(
+        r.header("location"),
+        Some(format!("/v1/tasks/{id}").as_str())
+    );
+    assert_eq!(t["status"], "queued");
+    id
+}
+
+fn metric(s: &Server, line_start: &str) -> f64 {
+    get(s, "/metrics")
+        .text()
+        .lines()
+        .find(|l| l.starts_with(line_start) && l[line_start.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+fn error_param(r: &common::Response) -> Value {
+    let e = r.json();
+    assert!(e["error"]["message"]
+        .as_str()
+        .is_some_and(|m| !m.is_empty()));
+    assert!(e["error"]["type"].is_string());
+    e["error"]["param"].clone()
+}
+
+/// log-softmax of `logits / t`.
+fn log_softmax(logits: &[f64], t: f64) -> Vec<f64> {
+    let z: Vec<f64> = logits.iter().map(|l| l / t).collect();
+    let m = z.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let lse = m + z.iter().map(|v| (v - m).exp()).sum::<f64>().ln();
+    z.iter().map(|v| v - lse).collect()
+}
+
+/// (accuracy, mean NLL, top-label ECE over 15 equal-width bins).
+fn figures(logits: &[Vec<f64>], labels: &[usize], t: f64) -> (f64, f64, f64) {
+    let n = logits.len() as f64;
+    let (mut right, mut nll) = (0.0, 0.0);
+    let mut bins = vec![(0.0, 0.0, 0.0); 15];
+    for (l, &y) in logits.iter().zip(labels) {
+        let lp = log_softmax(l, t);
+        let top = (0..lp.len()).fold(0, |b, i| if lp[i] > lp[b] { i } else { b });
+        let c = lp[top].exp();
+        let ok = if top == y { 1.0 } else { 0.0 };
+        right += ok;
+        nll -= lp[y];
+        let b = ((c * 15.0).ceil() as usize).clamp(1, 15) - 1;
+        bins[b].0 += 1.0;
+        bins[b].1 += c;
+        bins[b].2 += ok;
+    }
+    let ece = bins
+        .iter()
+        .filter(|b| b.0 > 0.0)
+        .map(|b| b.0 / n * (b.2 / b.0 - b.1 / b.0).abs())
+        .sum();
+    (right / n, nll / n, ece)
+}
+
+#[test]
+fn a_choice_task_is_calibrated_and_served() {
+    let dir = common::fresh_dir("calibrated");
+    let s = Server::start(&["--state-dir", dir.to_str().unwrap()]);
+    let examples = mmlu_examples(48);
+    let id = register(&s, &registration("mmlu", examples.clone()));
+
+    // While it runs, decisions are served between its examples, and the
+    // task itself is not ready: 409 naming the field.
+    let running = wait_for(&s, &id, Duration::from_secs(120), |t| {
+        t["progress"]["done"].as_u64().unwrap() >= 3
+    });
+    assert_eq!(running["status"], "running", "{running}");
+    let state = examples[0]["state"].clone();
+    let r = s.post_json(
+        "/v1/decide",
+        &json!({"state": state, "questions": [{"text": QUESTION, "options": ["A", "B", "C", "D"]}]}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let during = task(&s, &id);
+    assert_eq!(
+        during["status"], "running",
+        "a decision waited for the whole registration: {during}"
+    );
+    let r = s.post_json(
+        "/v1/decide",
+        &json!({"state": state, "questions": [{"task": "mmlu"}]}),
+    );
+    assert_eq!(r.status, 409, "{}", r.text());
+    assert_eq!(error_param(&r), "questions[0].task");
+    assert_eq!(r.json()["error"]["code"], "task_not_ready");
+    let p = &during["progress"];
+    assert!(p["rate"].as_f64().unwrap() > 0.0 && p["eta_seconds"].as_f64().unwrap() >= 0.0);
+
+    let ready = wait_for(&s, &id, Duration::from_secs(600), |t| {
+        t["status"] != "running" && t["status"] != "queued"
+    });
+    assert_eq!(ready["status"], "ready", "{ready}");
+    assert_eq!(ready["progress"]["done"], 48);
+    let result = &ready["result"];
+    let t_fit = result["temperature"].as_f64().unwrap();
+    let held: Vec<usize> = result["holdout_indices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as usize)
+        .collect();
+    assert_eq!(held.len(), 12);
+    assert_eq!(result["holdout_examples"], 12);
+    assert_eq!(result["fit_examples"], 36);
+
+    // Every example's letter logits, read back through /v1/decide (the raw
+    // letter log-probabilities differ from the logits by a constant).
+    let letters = ["A", "B", "C", "D"];
+    let mut logits = Vec::new();
+    let mut labels = Vec::new();
+    for e in &examples {
+        let r = s.post_json(
+            "/v1/decide",
+            &json!({"state": e["state"], "questions": [{"text": QUESTION, "options": letters}]}),
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        let lp = &r.json()["answers"][0]["letter_logprobs"];
+        logits.push(
+            letters
+                .iter()
+                .map(|l| lp[l].as_f64().unwrap())
+                .collect::<Vec<f64>>(),
+        );
+        labels.push(letters.iter().position(|l| e["label"] == *l).unwrap());
+    }
+    let pick = |keep: bool| -> (Vec<Vec<f64>>, Vec<usize>) {
+        (0..examples.len())
+            .filter(|i| held.contains(i) == keep)
+            .map(|i| (logits[i].clone(), labels[i]))
+            .unzip()
+    };
+    let (fit_l, fit_y) = pick(false);
+    let (held_l, held_y) = pick(true);
+
+    // The fitted T minimises the NLL on the fit split (within its range).
+    let nll = |t: f64| figures(&fit_l, &fit_y, t).1;
+    for t in [t_fit * 1.05, t_fit / 1.05] {
+        if (0.01..=100.0).contains(&t) {
+            assert!(
+                nll(t_fit) <= nll(t) + 1e-6,
+                "NLL {} at the fitted T {t_fit} is above {} at {t}",
+                nll(t_fit),
+                nll(t)
+            );
+        }
+    }
+    assert!(nll(t_fit) <= nll(1.0) + 1e-6);
+
+    // The holdout figures before (T = 1) and after (the fitted T).
+    for (key, t) in [("before", 1.0), ("after", t_fit)] {
+        let (acc, nll, ece) = figures(&held_l, &held_y, t);
+        let f = &result[key];
+        assert_eq!(f["temperature"].as_f64().unwrap(), t);
+        assert!(
+            (f["accuracy"].as_f64().unwrap() - acc).abs() < 1e-9,
+            "{key} {f}"
+        );
+        assert!((f["nll"].as_f64().unwrap() - nll).abs() < 1e-4, "{key} {f}");
+        assert!((f["ece"].as_f64().unwrap() - ece).abs() < 1e-4, "{key} {f}");
+        let bins = f["reliability"].as_array().unwrap();
+        assert_eq!(bins.len(), 15);
+        let counted: u64 = bins.iter().map(|b| b["count"].as_u64().unwrap()).sum();
+        assert_eq!(counted, 12);
+    }
+    println!(
+        "T = {t_fit:.4}; holdout ECE {:.4} -> {:.4}, NLL {:.4} -> {:.4}",
+        result["before"]["ece"],
+        result["after"]["ece"],
+        result["before"]["nll"],
+        result["after"]["nll"]
+    );
+
+    // The threshold: the smallest holdout confidence whose answered
+    // accuracy reaches 0.3, and its coverage.
+    let pairs: Vec<(f64, bool)> = held_l
+        .iter()
+        .zip(&held_y)
+        .map(|(l, &y)| {
+            let lp = log_softmax(l, t_fit);
+            let top = (0..4).fold(0, |b, i| if lp[i] > lp[b] { i } else { b });
+            (lp[top].exp(), top == y)
+        })
+        .collect();
+    let a = &result["abstention"];
+    let mut want = None;
+    let mut candidates: Vec<f64> = pairs.iter().map(|p| p.0).collect();
+    candidates.sort_by(f64::total_cmp);
+    for c in candidates {
+        let answered: Vec<bool> = pairs
+            .iter()
+            .filter(|p| p.0 >= c - 1e-6)
+            .map(|p| p.1)
+            .collect();
+        let acc = answered.iter().filter(|&&ok| ok).count() as f64 / answered.len() as f64;
+        if acc >= 0.3 {
+            want = Some((c, answered.len() as f64 / 12.0));
+            break;
+        }
+    }
+    match want {
+        Some((c, coverage)) => {
+            assert!(
+                (a["abstain_below"].as_f64().unwrap() - c).abs() < 1e-5,
+                "{a}"
+            );
+            assert!(
+                (a["coverage"].as_f64().unwrap() - coverage).abs() < 1e-9,
+                "{a}"
+            );
+        }
+        None => assert!(a["abstain_below"].is_null(), "{a}"),
+    }
+
+    // Served by name: the fitted T, the task's threshold; the request's own
+    // temperature and threshold come first.
+    let by_task = |extra: Value| {
+        let mut q = json!({"id": "t", "task": "mmlu"});
+        q.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        let r = s.post_json("/v1/decide", &json!({"state": state, "questions": [q]}));
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.json()["answers"][0].clone()
+    };
+    let served = by_task(json!({}));
+    assert_eq!(served["temperature"].as_f64().unwrap() as f32, t_fit as f32);
+    let explicit = s.post_json(
+        "/v1/decide",
+        &json!({"state": state, "questions": [{"text": QUESTION, "options": letters, "temperature": t_fit}]}),
+    );
+    assert_eq!(
+        served["probabilities"],
+        explicit.json()["answers"][0]["probabilities"]
+    );
+    let top = served["probabilities"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|v| v.as_f64().unwrap())
+        .fold(0.0, f64::max);
+    if let Some(threshold) = a["abstain_below"].as_f64() {
+        assert_eq!(served["abstained"], top < threshold, "{served}");
+    }
+    assert_eq!(by_task(json!({"temperature": 1.0}))["temperature"], 1.0);
+    assert_eq!(by_task(json!({"abstain_below": 0.01}))["abstained"], false);
+    let r = s.post_json(
+        "/v1/decide",
+        &json!({"state": state, "questions": [{"task": "mmlu", "options": ["x", "y"]}]}),
+    );
+    assert_eq!(r.status, 400);
+    assert_eq!(error_param(&r), "questions[0].options");
+
+    // The chat surface names the task in its decisio object.
+    let r = s.post_json(
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "system", "content": state}, {"role": "user", "content": QUESTION}],
+                "decisio": {"task": "mmlu"}}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        r.json()["decisio"]["answer"]["temperature"]
+            .as_f64()
+            .unwrap() as f32,
+        t_fit as f32
+    );
+
+    let list = get(&s, "/v1/tasks").json();
+    assert_eq!(list["data"].as_array().unwrap().len(), 1);
+    assert_eq!(
+        metric(
+            &s,
+            "decisio_task_registration_finished_total{outcome=\"ready\"}"
+        ),
+        1.0
+    );
+    assert_eq!(metric(&s, "decisio_task_registration_examples_total"), 48.0);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn bad_registrations_are_refused_naming_the_field() {
+    let dir = common::fresh_dir("bad");
+    let s = Server::start(&[
+        "--state-dir",
+        dir.to_str().unwrap(),
+        "--max-task-body-mb",
+        "1",
+    ]);
+    let ex = |state: &str, label: &str| json!({"state": state, "label": label});
+    let good = json!({
+        "name": "yesno", "question": "Is the sky blue?", "options": ["yes", "no"],
+        "examples": [ex("The sky is blue.", "yes"), ex("The sky is green.", "no"), ex("Blue sky.", "yes")]
+    });
+    let with = |patch: Value| {
+        let mut b = good.clone();
+        for (k, v) in patch.as_object().unwrap() {
+            if v.is_null() {
+                b.as_object_mut().unwrap().remove(k);
+            } else {
+                b[k] = v.clone();
+            }
+        }
+        b
+    };
+    let bad = |body: Value, param: &str| {
+        let r = s.post_json("/v1/tasks", &body);
+        assert_eq!(r.status, 400, "{body}: {}", r.text());
+        assert_eq!(error_param(&r), param, "{body}");
+    };
+    bad(
+        with(json!({"examples": [ex("a", "yes"), ex("b", "maybe")]})),
+        "examples[1].label",
+    );
+    bad(
+        with(json!({"examples": [ex("a", "yes"), ex("b", "yes")]})),
+        "options[1]",
+    );
+    bad(with(json!({"options": ["yes"]})), "options");
+    bad(with(json!({"options": ["yes", "no", "yes"]})), "options[2]");
+    bad(with(json!({"options": null})), "options");
+    bad(with(json!({"question": " "})), "question");
+    bad(with(json!({"name": "no spaces"})), "name");
+    bad(with(json!({"kind": "regression"})), "kind");
+    bad(with(json!({"holdout": 1.0})), "holdout");
+    bad(with(json!({"seed": -1})), "seed");
+    bad(with(json!({"examples": [ex("a", "yes")]})), "examples");
+    bad(
+        with(json!({"examples": [ex(" ", "yes"), ex("b", "no")]})),
+        "examples[0].state",
+    );
+    bad(
+        with(json!({"abstention": {"target_accuracy": 0.9, "abstain_below": 0.5}})),
+        "abstention",
+    );
+    bad(
+        with(json!({"abstention": {"target_accuracy": 1.5}})),
+        "abstention.target_accuracy",
+    );
+    bad(with(json!({"surprise": 1})), "surprise");
+    bad(with(json!({"head": {"layer": -1}})), "head");
+    // An oversize body is 413, in the same error shape.
+    let big = with(json!({"question": "x".repeat(1_200_000)}));
+    let r = s.post_json("/v1/tasks", &big);
+    assert_eq!(r.status, 413, "{}", r.text());
+    assert_eq!(r.json()["error"]["code"], "request_too_large");
+
+    // A long registration runs; the next one waits behind it, queued.
+    let first = register(&s, &registration("mmlu", mmlu_examples(40)));
+    let second = register(&s, &good);
+    bad(good.clone(), "name");
+    let queued = task(&s, &second);
+    assert_eq!(queued["status"], "queued", "{queued}");
+    let asks = |name: &str| {
+        s.post_json(
+            "/v1/decide",
+            &json!({"state": "The sky is blue.", "questions": [{"task": name}]}),
+        )
+    };
+    let r = asks("yesno");
+    assert_eq!(r.status, 409, "{}", r.text());
+    assert!(r.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("queued"));
+    let r = asks("unknown");
+    assert_eq!(r.status, 400);
+    assert_eq!(error_param(&r), "questions[0].task");
+
+    // DELETE cancels a pending registration, then removes the task.
+    let delete = |id: &str| {
+        let r = s
+            .request("DELETE", &format!("/v1/tasks/{id}"), &[], None)
+            .unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.json()
+    };
+    assert_eq!(delete(&second)["status"], "cancelled");
+    let r = asks("yesno");
+    assert_eq!(r.status, 409);
+    assert!(r.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("cancelled"));
+    assert_eq!(delete(&second)["deleted"], true);
+    assert_eq!(get(&s, &format!("/v1/tasks/{second}")).status, 404);
+    assert!(!dir.join(format!("tasks/{second}.json")).exists());
+    // The running one stops between two examples.
+    wait_for(&s, &first, Duration::from_secs(120), |t| {
+        t["progress"]["done"].as_u64().unwrap() >= 1
+    });
+    let cancelled = delete(&first);
+    assert_eq!(cancelled["status"], "cancelled");
+    std::thread::sleep(Duration::from_secs(2));
+    let after = task(&s, &first);
+    assert_eq!(after["status"], "cancelled");
+    assert!(after["progress"]["done"].as_u64().unwrap() < 40, "{after}");
+    assert_eq!(
+        metric(
+            &s,
+            "decisio_task_registration_finished_total{outcome=\"cancelled\"}"
+        ),
+        2.0
+    );
+    // An example that does not fit the context fails the registration,
+    // which names it.
+    let long = "word ".repeat(9000);
+    let failing = register(
+        &s,
+        &with(json!({"name": "toolong", "examples": [ex("short", "yes"), ex(&long, "no")]})),
+    );
+    let failed = wait_for(&s, &failing, Duration::from_secs(120), |t| {
+        t["status"] != "queued" && t["status"] != "running"
+    });
+    assert_eq!(failed["status"], "failed", "{failed}");
+    assert!(
+        failed["error"].as_str().unwrap().contains("examples[1]"),
+        "{failed}"
+    );
+    let r = asks("toolong");
+    assert_eq!(r.status, 409);
+    assert!(r.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("failed"));
+    assert_eq!(
+        metric(
+            &s,
+            "decisio_task_registration_finished_total{outcome=\"failed\"}"
+        ),
+        1.0
+    );
+    assert_eq!(get(&s, "/v1/tasks/task-none").status, 404);
+    let r = s.request("PUT", "/v1/tasks", &[], None).unwrap();
+    assert_eq!(r.status, 405);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Every file of the state folder is whole JSON.
+fn check_files(dir: &Path) {
+    for entry in std::fs::read_dir(dir.join("tasks")).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if name.starts_with('.') {
+            continue; // a temporary file, removed at the next start
+        }
+        let bytes = std::fs::read(&path).unwrap();
+        serde_json::from_slice::<Value>(&bytes)
+            .unwrap_or_else(|e| panic!("{name} is not whole JSON after a kill: {e}"));
+    }
+}
+
+#[test]
+fn a_killed_registration_resumes_after_a_restart() {
+    let dir = common::fresh_dir("killed");
+    let args = ["--state-dir", dir.to_str().unwrap()];
+    let mut s = Server::start(&args);
+    let id = register(&s, &registration("mmlu", mmlu_examples(40)));
+    // Once the task's file says 8 examples are done (the file and the
+    // checkpoint are written together, the checkpoint first), killed.
+    let file = dir.join(format!("tasks/{id}.json"));
+    let start = Instant::now();
+    let saved = loop {
+        let record: Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+        let done = record["progress"]["done"].as_u64().unwrap();
+        if done >= 8 {
+            break done;
+        }
+        assert!(start.elapsed() < Duration::from_secs(300), "{record}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    s.kill();
+    check_files(&dir);
+    assert!(dir.join(format!("tasks/{id}.scores.json")).exists());
+
+    let mut s = Server::start(&args);
+    let resumed = task(&s, &id);
+    assert!(
+        resumed["status"] == "queued" || resumed["status"] == "running",
+        "{resumed}"
+    );
+    assert_eq!(resumed["progress"]["restarts"], 1);
+    let ready = wait_for(&s, &id, Duration::from_secs(600), |t| {
+        t["status"] == "ready"
+    });
+    let from = ready["progress"]["resumed_from"].as_u64().unwrap();
+    assert!(
+        from >= saved,
+        "resumed from {from}, not from its checkpoint ({saved} saved): {ready}"
+    );
+    assert_eq!(ready["progress"]["done"], 40);
+    assert!(!dir.join(format!("tasks/{id}.scores.json")).exists());
+    s.kill();
+
+    // A ready task survives a restart as it was, and serves.
+    let s = Server::start(&args);
+    let again = task(&s, &id);
+    assert_eq!(again["status"], "ready");
+    assert_eq!(again["result"], ready["result"]);
+    let r = s.post_json(
+        "/v1/decide",
+        &json!({"state": "What is 2 + 2?\nA. 3\nB. 4\nC. 5\nD. 6", "questions": [{"task": "mmlu"}]}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        r.json()["answers"][0]["temperature"].as_f64().unwrap() as f32,
+        ready["result"]["temperature"].as_f64().unwrap() as f32
+    );
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_state_folder_of_another_format_is_refused() {
+    let dir = common::fresh_dir("format");
+    std::fs::create_dir_all(dir.join("tasks")).unwrap();
+    std::fs::write(
+        dir.join("tasks/task-old.json"),
+        r#"{"format_version": 99, "id": "task-old"}"#,
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_decisio"))
+        .args(["serve", "--model"])
+        .arg(common::model_dir())
+        .args(["--port", "1", "--state-dir"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("task format 99") && stderr.contains("reads format 1"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_register_command_shows_progress_and_the_figures() {
+    let dir = common::fresh_dir("cli");
+    let s = Server::start(&["--state-dir", dir.to_str().unwrap()]);
+    let file = dir.join("task.json");
+    std::fs::write(&file, registration("cli", mmlu_examples(16)).to_string()).unwrap();
+    let url = format!("http://127.0.0.1:{}", s.port);
+    let register = |file: &Path| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_decisio"))
+            .arg("register")
+            .arg(file)
+            .args(["--server", &url, "--interval", "0.2"])
+            .output()
+            .unwrap()
+    };
+    let out = register(&file);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stderr.contains("16/16 ready"), "{stderr}");
+    let t = get(&s, "/v1/tasks").json()["data"][0].clone();
+    let want = format!("T = {:.4}", t["result"]["temperature"].as_f64().unwrap());
+    assert!(stdout.contains(&want), "{stdout}");
+    for line in ["before", "after"] {
+        assert!(stdout.contains(line), "no `{line}` in {stdout}");
+    }
+    assert!(
+        stdout.contains("abstain below") || stdout.contains("is not reached"),
+        "{stdout}"
+    );
+    // A refused registration fails and says which field.
+    let out = register(&file);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("400 (name)"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_state_folder_serves_one_server_at_a_time() {
+    let dir = common::fresh_dir("locked");
+    let mut s = Server::start(&["--state-dir", dir.to_str().unwrap()]);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_decisio"))
+        .args(["serve", "--model"])
+        .arg(common::model_dir())
+        .args(["--port", "1", "--state-dir"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("in use by another decisio server"),
+        "{stderr}"
+    );
+    // The lock goes with the process, however it ends.
+    s.kill();
+    let s = Server::start(&["--state-dir", dir.to_str().unwrap()]);
+    assert_eq!(get(&s, "/v1/tasks").status, 200);
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
+}
