@@ -54,6 +54,13 @@ def states(tok, rows, n, target):
     return out, cursor
 
 
+def settle():
+    """Waits before a timed request: on two cores, the other server's BLAS
+    threads keep spinning for a moment after its own request, and would be
+    timed as part of this one."""
+    time.sleep(1.0)
+
+
 def metric(port, name):
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     c.request("GET", "/metrics")
@@ -97,18 +104,22 @@ def main():
         common.post(tp, "/v1/chat/completions", chat(sts[0], questions[0]))
         for s in sts[1:]:
             for case, q, cached in (("a", qa, False), ("b", qb, True), ("b'", qb, True)):
+                settle()
                 t, r = common.post(op, "/v1/decide", {"state": s, "questions": [dq(q)]})
                 assert r["state"]["cached"] is cached
                 res[case]["decisio"].append(t)
+                settle()
                 t, _ = common.post(tp, "/v1/chat/completions", chat(s, q))
                 res[case]["mlx_lm"].append(t)
         # (c): 100 new questions per round on the last state (seen before by both).
         s = sts[-1]
         for k in range(args.rounds):
             batch = questions[2 + 100 * k: 102 + 100 * k]
+            settle()
             t, r = common.post(op, "/v1/decide", {"state": s, "questions": [dq(q) for q in batch]})
             assert r["usage"]["cached_tokens"] == r["state"]["tokens"], "no answer may be recalled"
             res["c"]["decisio"].append(t / len(batch))
+            settle()
             t0 = time.perf_counter()
             for q in batch:
                 common.post(tp, "/v1/chat/completions", chat(s, q))
@@ -153,7 +164,9 @@ decisio (`POST /v1/decide`, prefix cache on) against `mlx_lm.server` 0.32.2
 both at once on 127.0.0.1, both serving the fixture's dense copy on MLX's
 CPU build 0.32.2 with OpenBLAS. States of about 1,000 tokens from MMLU;
 {len(res['a']['decisio'])} states for (a) and (b), {args.rounds} rounds of 100 questions for (c).
-Times: the client's wall time, medians.
+Times: the client's wall time, medians; each timed request starts after a
+one-second pause, so that the other server's idle BLAS threads have stopped
+spinning on the two cores.
 
 | case | decisio (ms) | mlx_lm.server (ms) | ratio |
 |---|---|---|---|
