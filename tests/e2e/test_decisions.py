@@ -79,11 +79,19 @@ def test_repeat_reads_the_state_from_the_cache(client):
     assert first.usage.prompt_tokens_details.cached_tokens == 0
     assert d2["state"]["cached"] is True
     assert d2["state"]["hash"] == d1["state"]["hash"]
-    assert again.usage.prompt_tokens_details.cached_tokens > 0
-    assert again.usage.prompt_tokens_details.cached_tokens == d2["state"]["tokens"]
+    # The same question again: the state and the question's answer are both
+    # read from the cache.
+    assert again.usage.prompt_tokens_details.cached_tokens == again.usage.prompt_tokens
     assert again.usage.prompt_tokens == first.usage.prompt_tokens
     # Bit for bit the same answer on a hit.
     assert d2["answer"]["probabilities"] == d1["answer"]["probabilities"]
+    # Another question on the state: the state alone comes from the cache.
+    other = decision(client, {"options": OPTIONS},
+                     messages=messages(question="How many dogs does Ada keep?", state=state))
+    d3 = extra(other)
+    assert d3["state"]["cached"] is True and d3["state"]["hash"] == d1["state"]["hash"]
+    assert other.usage.prompt_tokens_details.cached_tokens == d3["state"]["tokens"]
+    assert other.usage.prompt_tokens > d3["state"]["tokens"]
     assert again.choices[0].message.content == first.choices[0].message.content
 
 
