@@ -19,6 +19,7 @@ pub mod engine;
 pub mod metrics;
 pub mod prompt;
 pub mod register;
+pub mod rng;
 pub mod route;
 pub mod server;
 pub mod settings;

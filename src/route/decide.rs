@@ -308,13 +308,7 @@ impl TextRoute {
         }
         let started = Instant::now();
         let (prefix, tokens) = self.prepare(&state, &questions)?;
-        let info = self.engine().info();
-        let hash = StateHash::new(
-            &info.identity,
-            &self.tokenizer_identity,
-            &caps.padding.label(),
-            &prefix,
-        );
+        let hash = self.state_hash(&prefix);
         let suffix_lengths: Vec<usize> = tokens.iter().map(|t| t.suffix.len()).collect();
         let suffix_tokens: usize = suffix_lengths.iter().sum();
         let receiver = self.engine().score(ScoreRequest {
@@ -359,6 +353,16 @@ impl TextRoute {
             prompt_tokens: prefix.len() + suffix_tokens,
             cached_tokens: if result.cached { prefix.len() } else { 0 } + memoised_tokens,
         })
+    }
+
+    /// The state hash of a prefix on this model, tokenizer and padding.
+    fn state_hash(&self, prefix: &[u32]) -> StateHash {
+        StateHash::new(
+            &self.engine().info().identity,
+            &self.tokenizer_identity,
+            &self.engine().capabilities().padding.label(),
+            prefix,
+        )
     }
 
     /// Checks and renders `questions` on `state`: the prefix's token ids and
@@ -424,14 +428,7 @@ impl TextRoute {
     pub async fn readout(&self, state: State, question: Question) -> Result<Vec<f32>, RouteError> {
         let questions = [question];
         let (prefix, tokens) = self.prepare(&state, &questions)?;
-        let info = self.engine().info();
-        let caps = self.engine().capabilities();
-        let hash = StateHash::new(
-            &info.identity,
-            &self.tokenizer_identity,
-            &caps.padding.label(),
-            &prefix,
-        );
+        let hash = self.state_hash(&prefix);
         let receiver = self.engine().score(ScoreRequest {
             state: hash,
             prefix,

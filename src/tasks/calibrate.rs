@@ -6,6 +6,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::rng::SplitMix;
+
 /// Bins of the expected calibration error and the reliability table.
 pub const ECE_BINS: usize = 15;
 
@@ -15,43 +17,6 @@ pub const T_MAX: f64 = 100.0;
 
 /// Points of the coarse grid over `ln T` before the golden-section refinement.
 pub const GRID: usize = 201;
-
-/// A deterministic generator (SplitMix64) for the seeded split.
-#[derive(Clone, Debug)]
-pub struct SplitMix(u64);
-
-impl SplitMix {
-    pub fn new(seed: u64) -> Self {
-        SplitMix(seed)
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `0..n` (n > 0), by rejection so every value is equally likely.
-    pub fn below(&mut self, n: u64) -> u64 {
-        let zone = u64::MAX - u64::MAX % n;
-        loop {
-            let v = self.next_u64();
-            if v < zone {
-                return v % n;
-            }
-        }
-    }
-
-    /// Fisher-Yates shuffle.
-    pub fn shuffle<T>(&mut self, items: &mut [T]) {
-        for i in (1..items.len()).rev() {
-            let j = self.below(i as u64 + 1) as usize;
-            items.swap(i, j);
-        }
-    }
-}
 
 /// Example indices split into (fit, holdout): a seeded shuffle, the first
 /// `round(holdout * n)` (at least 1) indices held out, each list sorted.

@@ -3,36 +3,9 @@
 
 use crate::engine::{Sampling, TokenLogprobs};
 
-/// SplitMix64: a small, well-mixed generator; one per job, so a seed fixes
-/// the draw regardless of what else the engine serves.
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Rng(seed)
-    }
-
-    /// A seed from the clock, for requests that name none.
-    pub fn from_entropy() -> Self {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
-        Rng(nanos ^ 0x9E37_79B9_7F4A_7C15)
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in [0, 1).
-    pub fn next_f64(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
+/// The sampling generator: one per job, so a seed fixes the draw regardless
+/// of what else the engine serves.
+pub type Rng = crate::rng::SplitMix;
 
 /// The index of the largest value (the lowest index among equals).
 pub fn argmax(logprobs: &[f32]) -> u32 {
