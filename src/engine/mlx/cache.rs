@@ -50,31 +50,74 @@ impl KvCache {
     }
 }
 
-/// The caches of every layer of a model: the engine state after a prefix.
-#[derive(Clone, Default)]
-pub struct ModelCache {
-    pub layers: Vec<KvCache>,
+/// One layer's cache. Each architecture holds the kinds its layers need;
+/// all of them are immutable MLX arrays underneath, so cloning a cache is a
+/// snapshot.
+#[derive(Clone)]
+pub enum LayerCache {
+    /// Keys and values of every position (full attention).
+    Kv(KvCache),
 }
 
-impl ModelCache {
-    pub fn new(layers: usize) -> Self {
-        ModelCache {
-            layers: vec![KvCache::default(); layers],
+impl LayerCache {
+    /// The attention cache of a full-attention layer; an error (not a panic)
+    /// when an architecture asks a layer for a kind it was not given.
+    pub fn kv(&mut self) -> MlxResult<&mut KvCache> {
+        match self {
+            LayerCache::Kv(c) => Ok(c),
         }
     }
 
-    /// Tokens held (those of the first layer; all layers hold the same).
+    /// Arrays to evaluate so that the cache holds computed data.
+    pub fn arrays(&self) -> Box<dyn Iterator<Item = &Array> + '_> {
+        match self {
+            LayerCache::Kv(c) => Box::new(c.arrays()),
+        }
+    }
+
+    /// Bytes held.
+    pub fn nbytes(&self) -> usize {
+        self.arrays().map(Array::nbytes).sum()
+    }
+}
+
+/// The caches of every layer of a model: the engine state after a prefix.
+#[derive(Clone, Default)]
+pub struct ModelCache {
+    pub layers: Vec<LayerCache>,
+    /// Tokens the model has read into these caches.
+    offset: usize,
+}
+
+impl ModelCache {
+    /// A cache of `layers` full-attention layers.
+    pub fn new(layers: usize) -> Self {
+        Self::with_layers(vec![LayerCache::Kv(KvCache::default()); layers])
+    }
+
+    /// A cache of the given per-layer kinds.
+    pub fn with_layers(layers: Vec<LayerCache>) -> Self {
+        ModelCache { layers, offset: 0 }
+    }
+
+    /// Tokens held: the position of the next token.
     pub fn offset(&self) -> usize {
-        self.layers.first().map_or(0, KvCache::offset)
+        self.offset
+    }
+
+    /// Records that `tokens` more positions were read (by the model, once
+    /// every layer has taken them).
+    pub fn advance(&mut self, tokens: usize) {
+        self.offset += tokens;
     }
 
     pub fn nbytes(&self) -> usize {
-        self.layers.iter().map(KvCache::nbytes).sum()
+        self.layers.iter().map(LayerCache::nbytes).sum()
     }
 
     /// Evaluates every array so a snapshot holds data, not a pending graph.
     pub fn eval(&self) -> MlxResult<()> {
-        let arrays: Vec<&Array> = self.layers.iter().flat_map(KvCache::arrays).collect();
+        let arrays: Vec<&Array> = self.layers.iter().flat_map(LayerCache::arrays).collect();
         mlx_rs::transforms::eval(arrays)?;
         Ok(())
     }

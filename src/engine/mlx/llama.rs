@@ -15,6 +15,7 @@ use super::cache::{KvCache, ModelCache};
 use super::host;
 use super::layers::{Embedding, Linear, RmsNorm};
 use super::loader::Weights;
+use super::{Architecture, LastHidden};
 use super::{MlxError, MlxResult};
 
 fn default_rope_theta() -> f32 {
@@ -294,38 +295,62 @@ impl Model {
         })
     }
 
-    pub fn new_cache(&self) -> ModelCache {
+    /// Loads a llama model behind the [`Architecture`] seam.
+    pub fn boxed(config: &Value, w: &Weights) -> MlxResult<Box<dyn Architecture>> {
+        Ok(Box::new(Self::load(config, w)?))
+    }
+}
+
+impl Architecture for Model {
+    fn new_cache(&self) -> ModelCache {
         ModelCache::new(self.layers.len())
     }
 
-    /// Runs `tokens` (`[batch, length]`) through the model, extending `cache`,
-    /// and returns the final hidden states (after the last norm).
-    pub fn hidden(&self, tokens: &Array, cache: &mut ModelCache) -> MlxResult<Array> {
+    fn hidden_size(&self) -> usize {
+        self.config.hidden_size as usize
+    }
+
+    fn num_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    fn hidden(&self, tokens: &Array, cache: &mut ModelCache) -> MlxResult<Array> {
         let mut h = self.embed_tokens.forward(tokens)?;
         for (layer, c) in self.layers.iter().zip(cache.layers.iter_mut()) {
-            h = layer.forward(&h, c)?;
+            h = layer.forward(&h, c.kv()?)?;
         }
         self.norm.forward(&h)
     }
 
-    /// Like [`Model::hidden`], for the last position only (`[batch, 1, D]`):
-    /// the last block computes its output there alone, since nothing reads
-    /// it elsewhere; every block's cache still gains every position.
-    pub fn last_hidden(&self, tokens: &Array, cache: &mut ModelCache) -> MlxResult<Array> {
+    /// The last block computes its output at the last position alone, since
+    /// nothing reads it elsewhere; every block's cache still gains every
+    /// position.
+    fn last_hidden(
+        &self,
+        tokens: &Array,
+        cache: &mut ModelCache,
+        tap: Option<usize>,
+    ) -> MlxResult<LastHidden> {
         let mut h = self.embed_tokens.forward(tokens)?;
         let last = self.layers.len() - 1;
+        let mut tapped = None;
         for (i, (layer, c)) in self.layers.iter().zip(cache.layers.iter_mut()).enumerate() {
             h = if i == last {
-                layer.forward_last(&h, c)?
+                layer.forward_last(&h, c.kv()?)?
             } else {
-                layer.forward(&h, c)?
+                layer.forward(&h, c.kv()?)?
             };
+            if tap == Some(i) {
+                tapped = Some(last_position(&h)?);
+            }
         }
-        self.norm.forward(&h)
+        Ok(LastHidden {
+            normed: self.norm.forward(&h)?,
+            tap: tapped,
+        })
     }
 
-    /// Logits over the vocabulary for final hidden states.
-    pub fn logits(&self, hidden: &Array) -> MlxResult<Array> {
+    fn logits(&self, hidden: &Array) -> MlxResult<Array> {
         match &self.lm_head {
             Some(head) => head.forward(hidden),
             None => self.embed_tokens.as_linear(hidden),

@@ -71,16 +71,54 @@ impl Default for LoadOptions {
     }
 }
 
-/// The architectures this backend implements, by `model_type`.
-pub const ARCHITECTURES: &[&str] = &["llama"];
+/// What the engine asks of an architecture. Each architecture is one file
+/// of this module; the engine, the prefix cache and the routes above it see
+/// only this.
+pub trait Architecture {
+    /// Empty caches, one per layer, of the kinds the layers need.
+    fn new_cache(&self) -> ModelCache;
+    /// Width of the hidden states.
+    fn hidden_size(&self) -> usize;
+    /// Decoder blocks.
+    fn num_layers(&self) -> usize;
+    /// Runs `tokens` (`[1, L]`) from position `cache.offset()`, extending
+    /// every layer's cache, and returns the final hidden states (after the
+    /// last norm) of every position, `[1, L, D]`.
+    fn hidden(&self, tokens: &Array, cache: &mut ModelCache) -> MlxResult<Array>;
+    /// Like [`Architecture::hidden`] for the last position only (`[1, 1, D]`;
+    /// an architecture may skip work no other position needs), and, when
+    /// `tap` names a block, that block's output at the last position.
+    fn last_hidden(
+        &self,
+        tokens: &Array,
+        cache: &mut ModelCache,
+        tap: Option<usize>,
+    ) -> MlxResult<LastHidden>;
+    /// Logits over the vocabulary for final hidden states.
+    fn logits(&self, hidden: &Array) -> MlxResult<Array>;
+}
 
-enum Architecture {
-    Llama(llama::Model),
+/// The last position's hidden states.
+pub struct LastHidden {
+    /// After the final norm, `[1, 1, D]`.
+    pub normed: Array,
+    /// The output of the tapped block, `[1, 1, D]`, when one was asked for.
+    pub tap: Option<Array>,
+}
+
+type Loader = fn(&serde_json::Value, &loader::Weights) -> MlxResult<Box<dyn Architecture>>;
+
+/// The architectures this backend implements, by `model_type`.
+const LOADERS: &[(&str, Loader)] = &[("llama", llama::Model::boxed)];
+
+/// The `model_type`s this backend implements.
+pub fn architectures() -> impl Iterator<Item = &'static str> {
+    LOADERS.iter().map(|(name, _)| *name)
 }
 
 /// A loaded model: forward passes over token ids with a cache.
 pub struct MlxModel {
-    arch: Architecture,
+    arch: Box<dyn Architecture>,
     pub info: ModelInfo,
 }
 
@@ -102,49 +140,67 @@ impl MlxModel {
         let info = Self::describe(dir)?;
         let config = loader::read_config(dir)?;
         let weights = loader::Weights::load(dir, &config, options)?;
-        let arch = match info.architecture.as_str() {
-            "llama" => Architecture::Llama(llama::Model::load(&config, &weights)?),
-            other => return Err(unsupported(other)),
-        };
+        let load = LOADERS
+            .iter()
+            .find(|(name, _)| *name == info.architecture)
+            .map(|(_, load)| *load)
+            .ok_or_else(|| unsupported(&info.architecture))?;
+        let arch = load(&config, &weights)?;
         weights.finish()?;
         Ok(MlxModel { arch, info })
     }
 
     pub fn new_cache(&self) -> ModelCache {
-        match &self.arch {
-            Architecture::Llama(m) => m.new_cache(),
-        }
+        self.arch.new_cache()
     }
 
     /// Final hidden states of `tokens` (`[1, L]`), extending `cache`.
     pub fn hidden(&self, tokens: &[u32], cache: &mut ModelCache) -> MlxResult<Array> {
         let ids = Array::from_slice(tokens, &[1, tokens.len() as i32]);
-        match &self.arch {
-            Architecture::Llama(m) => m.hidden(&ids, cache),
-        }
+        let h = self.arch.hidden(&ids, cache)?;
+        cache.advance(tokens.len());
+        Ok(h)
     }
 
     /// Width of the hidden states.
     pub fn hidden_size(&self) -> usize {
-        match &self.arch {
-            Architecture::Llama(m) => m.config.hidden_size as usize,
-        }
+        self.arch.hidden_size()
+    }
+
+    /// Decoder blocks.
+    pub fn num_layers(&self) -> usize {
+        self.arch.num_layers()
     }
 
     /// The final hidden state of the last of `tokens` (`[1, 1, D]`),
     /// extending `cache` by all of them.
     pub fn last_hidden(&self, tokens: &[u32], cache: &mut ModelCache) -> MlxResult<Array> {
-        let ids = Array::from_slice(tokens, &[1, tokens.len() as i32]);
-        match &self.arch {
-            Architecture::Llama(m) => m.last_hidden(&ids, cache),
+        Ok(self.last_hidden_tap(tokens, cache, None)?.normed)
+    }
+
+    /// Like [`MlxModel::last_hidden`], with block `tap`'s output at the last
+    /// position as well when it is given.
+    pub fn last_hidden_tap(
+        &self,
+        tokens: &[u32],
+        cache: &mut ModelCache,
+        tap: Option<usize>,
+    ) -> MlxResult<LastHidden> {
+        if let Some(t) = tap.filter(|&t| t >= self.num_layers()) {
+            return Err(MlxError::Config(format!(
+                "layer {t} does not exist: the model has {} blocks",
+                self.num_layers()
+            )));
         }
+        let ids = Array::from_slice(tokens, &[1, tokens.len() as i32]);
+        let h = self.arch.last_hidden(&ids, cache, tap)?;
+        cache.advance(tokens.len());
+        Ok(h)
     }
 
     /// Logits over the vocabulary for hidden states.
     pub fn logits(&self, hidden: &Array) -> MlxResult<Array> {
-        match &self.arch {
-            Architecture::Llama(m) => m.logits(hidden),
-        }
+        self.arch.logits(hidden)
     }
 
     /// Runs `tokens` in chunks of at most `chunk` and returns the final
@@ -186,7 +242,7 @@ impl MlxModel {
 fn unsupported(model_type: &str) -> MlxError {
     MlxError::Config(format!(
         "model_type `{model_type}` is not supported by the MLX backend (supported: {})",
-        ARCHITECTURES.join(", ")
+        architectures().collect::<Vec<_>>().join(", ")
     ))
 }
 
@@ -218,7 +274,7 @@ fn describe_config(config: &serde_json::Value) -> MlxResult<ModelInfo> {
         .get("model_type")
         .and_then(|v| v.as_str())
         .ok_or_else(|| MlxError::Config("config.json has no model_type".into()))?;
-    if !ARCHITECTURES.contains(&model_type) {
+    if !architectures().any(|a| a == model_type) {
         return Err(unsupported(model_type));
     }
     let get = |k: &str| config.get(k).and_then(|v| v.as_u64()).map(|v| v as usize);
