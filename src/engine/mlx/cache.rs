@@ -5,9 +5,10 @@
 //! touches the kept ones. That is what lets the prefix cache keep a state and
 //! hand it to any number of later questions.
 
+use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{ops, Array};
 
-use super::MlxResult;
+use super::{MlxError, MlxResult};
 
 /// Keys and values of one attention layer, `[batch, kv_heads, tokens, head_dim]`.
 #[derive(Clone, Default)]
@@ -50,6 +51,81 @@ impl KvCache {
     }
 }
 
+/// Keys and values of one sliding-window attention layer: the last
+/// `window - 1` positions, in order, `[batch, kv_heads, tokens, head_dim]`.
+///
+/// A query attends to itself and the `window - 1` positions before it, so
+/// that is all a layer ever needs from earlier calls. An update of `L`
+/// positions returns the kept positions followed by the new ones (at most
+/// `window - 1 + L`), and the caller masks each query to its own window.
+/// This gives every query the same keys and the same mask as mlx-lm's
+/// `RotatingKVCache` gives it for a multi-token update (which also keeps
+/// `max_size - 1` positions before appending); for a single token both give
+/// the last `window` positions, here in temporal order, there in the rotated
+/// buffer's order (the same attention up to the order of a sum). Arrays are
+/// never written in place, so a clone is a snapshot.
+#[derive(Clone)]
+pub struct WindowCache {
+    keys: Option<Array>,
+    values: Option<Array>,
+    offset: usize,
+    window: usize,
+}
+
+impl WindowCache {
+    /// An empty cache for a window of `window` positions (at least 1).
+    pub fn new(window: usize) -> Self {
+        WindowCache {
+            keys: None,
+            values: None,
+            offset: 0,
+            window: window.max(1),
+        }
+    }
+
+    /// Tokens seen (not held: at most `window - 1` are kept).
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+
+    /// The window, in positions, each query attends to (itself included).
+    pub fn window(&self) -> usize {
+        self.window
+    }
+
+    /// Appends `keys`/`values` for new positions and returns the kept ones
+    /// followed by the new ones; keeps the last `window - 1` of them.
+    pub fn update_and_fetch(&mut self, keys: Array, values: Array) -> MlxResult<(Array, Array)> {
+        let added = keys.shape()[2] as usize;
+        let (k, v) = match (self.keys.take(), self.values.take()) {
+            (Some(pk), Some(pv)) => (
+                ops::concatenate(&[&pk, &keys], 2)?,
+                ops::concatenate(&[&pv, &values], 2)?,
+            ),
+            _ => (keys, values),
+        };
+        let total = k.shape()[2] as usize;
+        let keep = (self.window - 1).min(total);
+        if keep > 0 {
+            let from = (total - keep) as i32;
+            self.keys = Some(k.index((.., .., from..)));
+            self.values = Some(v.index((.., .., from..)));
+        }
+        self.offset += added;
+        Ok((k, v))
+    }
+
+    /// Arrays to evaluate so that the cache holds computed data.
+    pub fn arrays(&self) -> impl Iterator<Item = &Array> {
+        self.keys.iter().chain(self.values.iter())
+    }
+
+    /// Bytes held.
+    pub fn nbytes(&self) -> usize {
+        self.arrays().map(Array::nbytes).sum()
+    }
+}
+
 /// One layer's cache. Each architecture holds the kinds its layers need;
 /// all of them are immutable MLX arrays underneath, so cloning a cache is a
 /// snapshot.
@@ -57,6 +133,8 @@ impl KvCache {
 pub enum LayerCache {
     /// Keys and values of every position (full attention).
     Kv(KvCache),
+    /// Keys and values of the last positions (sliding-window attention).
+    Window(WindowCache),
 }
 
 impl LayerCache {
@@ -65,6 +143,19 @@ impl LayerCache {
     pub fn kv(&mut self) -> MlxResult<&mut KvCache> {
         match self {
             LayerCache::Kv(c) => Ok(c),
+            _ => Err(MlxError::Config(
+                "a full-attention layer was given another kind of cache".into(),
+            )),
+        }
+    }
+
+    /// The cache of a sliding-window attention layer.
+    pub fn window(&mut self) -> MlxResult<&mut WindowCache> {
+        match self {
+            LayerCache::Window(c) => Ok(c),
+            _ => Err(MlxError::Config(
+                "a sliding-window layer was given another kind of cache".into(),
+            )),
         }
     }
 
@@ -72,6 +163,7 @@ impl LayerCache {
     pub fn arrays(&self) -> Box<dyn Iterator<Item = &Array> + '_> {
         match self {
             LayerCache::Kv(c) => Box::new(c.arrays()),
+            LayerCache::Window(c) => Box::new(c.arrays()),
         }
     }
 

@@ -117,6 +117,12 @@ impl Weights {
             .retain(|k, _| !prefixes.iter().any(|p| k.starts_with(p)));
     }
 
+    /// Drops every tensor whose name `unused` accepts (tensors a conversion
+    /// may carry that the model does not compute with).
+    pub fn skip_where(&self, unused: impl Fn(&str) -> bool) {
+        self.tensors.borrow_mut().retain(|k, _| !unused(k));
+    }
+
     /// Fails if tensors are left over.
     pub fn finish(self) -> MlxResult<()> {
         let left: BTreeSet<String> = self.tensors.into_inner().into_keys().collect();
