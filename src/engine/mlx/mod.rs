@@ -7,6 +7,7 @@
 //! two tokens.
 
 pub mod cache;
+pub mod gemma4;
 pub mod host;
 pub mod layers;
 pub mod llama;
@@ -109,7 +110,11 @@ pub struct LastHidden {
 type Loader = fn(&serde_json::Value, &loader::Weights) -> MlxResult<Box<dyn Architecture>>;
 
 /// The architectures this backend implements, by `model_type`.
-const LOADERS: &[(&str, Loader)] = &[("llama", llama::Model::boxed)];
+const LOADERS: &[(&str, Loader)] = &[
+    ("llama", llama::Model::boxed),
+    ("gemma4", gemma4::Model::boxed),
+    ("gemma4_text", gemma4::Model::boxed),
+];
 
 /// The `model_type`s this backend implements.
 pub fn architectures() -> impl Iterator<Item = &'static str> {
@@ -277,7 +282,14 @@ fn describe_config(config: &serde_json::Value) -> MlxResult<ModelInfo> {
     if !architectures().any(|a| a == model_type) {
         return Err(unsupported(model_type));
     }
-    let get = |k: &str| config.get(k).and_then(|v| v.as_u64()).map(|v| v as usize);
+    // A multimodal wrapper keeps the language model's sizes in text_config.
+    let get = |k: &str| {
+        config
+            .get(k)
+            .or_else(|| config.get("text_config").and_then(|t| t.get(k)))
+            .and_then(|v| v.as_u64())
+            .map(|v| v as usize)
+    };
     Ok(ModelInfo {
         context_length: get("max_position_embeddings").unwrap_or(4096),
         vocab_size: get("vocab_size")
