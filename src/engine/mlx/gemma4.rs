@@ -40,7 +40,6 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::cache::{KvCache, LayerCache, ModelCache, WindowCache};
-use super::host;
 use super::layers::{Embedding, Linear, RmsNorm};
 use super::loader::Weights;
 use super::{Architecture, LastHidden};
@@ -386,10 +385,10 @@ impl Rope {
                 }
                 let exponents = ops::divide(
                     &ops::arange::<_, f32>(0, rotated, 2)?,
-                    &Array::from_f32(dims as f32),
+                    Array::from_f32(dims as f32),
                 )?;
-                let powers = ops::power(&Array::from_f32(base), &exponents)?;
-                let rotating = ops::multiply(&Array::from_f32(p.factor.unwrap_or(1.0)), &powers)?;
+                let powers = ops::power(Array::from_f32(base), &exponents)?;
+                let rotating = ops::multiply(Array::from_f32(p.factor.unwrap_or(1.0)), &powers)?;
                 let still =
                     ops::full::<f32>(&[(dims - rotated) / 2], &Array::from_f32(f32::INFINITY))?;
                 let freqs = ops::concatenate(&[&rotating, &still], 0)?;
@@ -450,7 +449,6 @@ struct Attention {
     rope: Rope,
     rope_traditional: bool,
     window: usize,
-    host_kernels: bool,
 }
 
 impl Attention {
@@ -494,7 +492,6 @@ impl Attention {
             rope: Rope::new(c, kind)?,
             rope_traditional: c.rope_traditional,
             window: c.sliding_window,
-            host_kernels: w.options.host_kernels,
         })
     }
 
@@ -536,7 +533,7 @@ impl Attention {
             }
         };
         let window = (self.kind == LayerType::Sliding).then_some(self.window);
-        let out = attend(&q, &k, &v, window, self.host_kernels)?;
+        let out = attend(&q, &k, &v, window)?;
         let out = ops::reshape(&out.transpose_axes(&[0, 2, 1, 3])?, &[b, l, -1])?;
         Ok((self.o_proj.forward(&out)?, (k, v)))
     }
@@ -545,11 +542,14 @@ impl Attention {
 /// Unscaled attention of queries `q` (`[B, H, L, D]`, the last `L` of the
 /// `T` positions of `k`/`v`), each query seeing the keys up to its own
 /// position and, with `window`, only the last `window` of those.
-fn attend(q: &Array, k: &Array, v: &Array, window: Option<usize>, host: bool) -> MlxResult<Array> {
+///
+/// The softmax is MLX's own on every device, also where
+/// [`super::LoadOptions::host_kernels`] is set: the host kernel's softmax
+/// differs from MLX's in the last bits, which bf16 probabilities turn into
+/// whole units in the last place, and on the tiny Gemma 4 models that moved
+/// the logits by up to 3e-3 against mlx-lm's (tests/arch_gemma4.rs).
+fn attend(q: &Array, k: &Array, v: &Array, window: Option<usize>) -> MlxResult<Array> {
     let (l, t) = (q.shape()[2] as usize, k.shape()[2] as usize);
-    if host {
-        return host::attention_windowed(q, k, v, 1.0, l > 1, window);
-    }
     if l == 1 {
         // A sliding layer's cache returns no more than its window.
         return Ok(fast::scaled_dot_product_attention(
@@ -561,12 +561,12 @@ fn attend(q: &Array, k: &Array, v: &Array, window: Option<usize>, host: bool) ->
             // Query i is at key position t - l + i.
             let rows = ops::add(
                 &ops::arange::<_, i32>(0, l as i32, 1)?,
-                &Array::from_int((t - l) as i32),
+                Array::from_int((t - l) as i32),
             )?;
             let rows = ops::expand_dims(&rows, 1)?;
             let cols = ops::expand_dims(&ops::arange::<_, i32>(0, t as i32, 1)?, 0)?;
             let causal = ops::ge(&rows, &cols)?;
-            let near = ops::lt(&rows, &ops::add(&cols, &Array::from_int(w as i32))?)?;
+            let near = ops::lt(&rows, &ops::add(&cols, Array::from_int(w as i32))?)?;
             let mask = ops::logical_and(&causal, &near)?;
             Ok(fast::scaled_dot_product_attention(
                 q,
@@ -849,7 +849,7 @@ impl Model {
             let input = per_layer.as_ref().map(|p| &p[i]);
             let (out, kv) = layer.forward(&h, offset, source, input)?;
             h = out;
-            if self.kv_from.iter().any(|f| *f == Some(i)) {
+            if self.kv_from.contains(&Some(i)) {
                 kvs[i] = Some(kv);
             }
             if tap == Some(i) {

@@ -203,21 +203,6 @@ fn host_f32(a: &Array) -> MlxResult<Array> {
 /// The order of operations is MLX's own for this operation on the CPU
 /// (scale the queries, multiply, mask, softmax in float32, multiply).
 pub fn attention(q: &Array, k: &Array, v: &Array, scale: f32, causal: bool) -> MlxResult<Array> {
-    attention_windowed(q, k, v, scale, causal, None)
-}
-
-/// [`attention`] where, with `window`, query `i` sees only the last
-/// `window` of the keys it would see (itself included): keys
-/// `T - L + i - window + 1 ..= T - L + i` (sliding-window attention; the
-/// keys are in position order).
-pub fn attention_windowed(
-    q: &Array,
-    k: &Array,
-    v: &Array,
-    scale: f32,
-    causal: bool,
-    window: Option<usize>,
-) -> MlxResult<Array> {
     let (b, h, l, d) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
     let (kvh, t) = (k.shape()[1], k.shape()[2]);
     let groups = h / kvh;
@@ -230,13 +215,7 @@ pub fn attention_windowed(
     let probs = with_scratch(xs.len(), scores.shape(), |out| {
         for (r, row) in out.chunks_exact_mut(t).enumerate() {
             let valid = if causal { t - l + r % l + 1 } else { t };
-            let first = window.map_or(0, |w| valid.saturating_sub(w));
-            row[..first].fill(0.0);
-            softmax_row(
-                &xs[r * t + first..(r + 1) * t],
-                valid - first,
-                &mut row[first..],
-            );
+            softmax_row(&xs[r * t..(r + 1) * t], valid, row);
         }
     })
     .as_dtype(v.dtype())?;
