@@ -13,7 +13,10 @@
 //! - [`tasks`]: task registration: the state folder, the background
 //!   worker, the temperature fit and the calibration figures.
 //! - [`settings`]: every limit and default, in one place.
+//! - [`bases`]: the production bases: their conversions, tokenizers,
+//!   settings and refusals, as data.
 
+pub mod bases;
 pub mod convert;
 pub mod engine;
 pub mod metrics;

@@ -57,6 +57,7 @@ fn kib(bytes: usize) -> u32 {
 
 impl<V: Weighed + Send + Sync + 'static> PrefixCache<V> {
     pub fn new(budget_mib: u64, metrics: Arc<Metrics>) -> Self {
+        metrics.prefix_cache_capacity.set((budget_mib << 20) as i64);
         let held = Arc::new(AtomicU64::new(0));
         let cache = (budget_mib > 0).then(|| {
             let (held, m) = (held.clone(), metrics.clone());

@@ -78,6 +78,8 @@ pub struct StateInfo {
     pub hash: StateHash,
     pub tokens: usize,
     pub cached: bool,
+    /// Set when the state is longer than the base is documented for.
+    pub warning: Option<String>,
 }
 
 #[derive(Clone, Debug)]
@@ -348,6 +350,7 @@ impl TextRoute {
                 hash,
                 tokens: prefix.len(),
                 cached: result.cached,
+                warning: self.long_state_warning(prefix.len()),
             },
             answers,
             prompt_tokens: prefix.len() + suffix_tokens,

@@ -551,6 +551,7 @@ fn state_out(d: &Decision) -> StateOut {
         hash: d.state.hash.hex(),
         tokens: d.state.tokens,
         cached: d.state.cached,
+        warning: d.state.warning.clone(),
     }
 }
 

@@ -309,6 +309,9 @@ pub struct StateOut {
     pub hash: String,
     pub tokens: usize,
     pub cached: bool,
+    /// Set when the state is longer than the served base is documented for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub warning: Option<String>,
 }
 
 #[derive(Clone, Debug, Serialize)]
