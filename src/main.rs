@@ -11,6 +11,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use decisio::engine::mlx::{LoadOptions, MlxEngine, MlxOptions};
 use decisio::engine::vllm::{MethodChoice, VllmEngine, VllmOptions};
 use decisio::engine::{Engine, EngineStatus, MultiQuestion, PadPolicy};
+use decisio::hub::{self, Wanted};
 use decisio::metrics::Metrics;
 use decisio::prompt::{ChatTemplate, TextTokenizer};
 use decisio::route::{RouteConfig, TextRoute};
@@ -94,13 +95,15 @@ struct ServeArgs {
     /// The backend that runs the model.
     #[arg(long, value_enum, default_value = "mlx")]
     backend: Backend,
-    /// The MLX conversion: a local folder, or a Hugging Face repository id
-    /// already in the Hugging Face cache. With `--backend vllm`: the folder
-    /// whose tokenizer, chat template and config.json build the prompts.
+    /// The MLX conversion: a local folder, or a Hugging Face repository
+    /// `org/name[@revision]` (taken from the Hugging Face cache, downloaded
+    /// when missing). With `--backend vllm`: the model whose tokenizer,
+    /// chat template and config.json build the prompts.
     #[arg(long)]
     model: String,
-    /// A folder with tokenizer.json and tokenizer_config.json to build
-    /// prompts with (default: the model's own).
+    /// A folder or a repository `org/name[@revision]` with tokenizer.json
+    /// and tokenizer_config.json to build prompts with (default: the
+    /// model's own).
     #[arg(long)]
     tokenizer: Option<String>,
     #[arg(long, default_value = "127.0.0.1")]
@@ -221,36 +224,6 @@ fn main() -> Result<()> {
     }
 }
 
-/// A local folder, or a repository id found in the Hugging Face cache.
-fn resolve_model(spec: &str) -> Result<PathBuf> {
-    let path = Path::new(spec);
-    if path.is_dir() {
-        return Ok(path.to_path_buf());
-    }
-    if let Some((org, name)) = spec.split_once('/') {
-        if !org.is_empty() && !name.is_empty() && !name.contains('/') {
-            let home = std::env::var_os("HF_HOME")
-                .map(PathBuf::from)
-                .or_else(|| {
-                    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/huggingface"))
-                })
-                .unwrap_or_default();
-            let repo = home.join("hub").join(format!("models--{org}--{name}"));
-            let revision = std::fs::read_to_string(repo.join("refs/main")).unwrap_or_default();
-            let snapshot = repo.join("snapshots").join(revision.trim());
-            if !revision.trim().is_empty() && snapshot.is_dir() {
-                return Ok(snapshot);
-            }
-            bail!(
-                "`{spec}` is neither a folder nor a repository in the Hugging Face cache ({}); \
-                 download it first (for example `hf download {spec}`) or pass a local folder",
-                repo.display()
-            );
-        }
-    }
-    bail!("--model `{spec}` is not a folder; pass an MLX conversion folder")
-}
-
 /// A SHA-256 digest of files' contents (absent files count as empty).
 fn file_digest(paths: &[PathBuf]) -> String {
     use sha2::{Digest, Sha256};
@@ -291,9 +264,9 @@ fn stop_token_ids(model: &Path, tokenizer: &TextTokenizer, template: &ChatTempla
 }
 
 fn serve(args: ServeArgs) -> Result<()> {
-    let model_dir = resolve_model(&args.model)?;
+    let model_dir = hub::resolve(&args.model, None, Wanted::Model)?;
     let tokenizer_dir = match &args.tokenizer {
-        Some(t) => resolve_model(t)?,
+        Some(t) => hub::resolve(t, None, Wanted::Tokenizer)?,
         None => model_dir.clone(),
     };
     let tokenizer = TextTokenizer::from_file(tokenizer_dir.join("tokenizer.json"))
