@@ -170,26 +170,8 @@ pub enum HubError {
         cache: PathBuf,
     },
     /// The hub could not be reached and files are not in the cache.
-    #[error(
-        "{repo}@{revision}: {} not in the Hugging Face cache ({}) and the hub at {endpoint} \
-         could not be reached ({reason}); check the network or HF_ENDPOINT, or download \
-         {} elsewhere with `hf download {repo} --revision {revision}` into that cache",
-        list(missing), cache.display(), them(missing)
-    )]
-    Unreachable {
-        /// The repository id.
-        repo: String,
-        /// The revision asked for.
-        revision: String,
-        /// Files absent from the cache.
-        missing: Vec<String>,
-        /// The cache folder searched.
-        cache: PathBuf,
-        /// The hub's address tried.
-        endpoint: String,
-        /// The transport's error.
-        reason: String,
-    },
+    #[error(transparent)]
+    Unreachable(Box<Unreachable>),
     /// The hub answered 401, 403 or 404.
     #[error(
         "{repo}@{revision}: the hub at {endpoint} answered {status}: the repository or the \
@@ -231,6 +213,29 @@ pub enum HubError {
         /// The underlying error.
         reason: String,
     },
+}
+
+/// The hub could not be reached and files are not in the cache.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{repo}@{revision}: {} not in the Hugging Face cache ({}) and the hub at {endpoint} \
+     could not be reached ({reason}); check the network or HF_ENDPOINT, or fetch \
+     {} into that cache with `hf download {repo} --revision {revision}`",
+    list(missing), cache.display(), them(missing)
+)]
+pub struct Unreachable {
+    /// The repository id.
+    pub repo: String,
+    /// The revision asked for.
+    pub revision: String,
+    /// Files absent from the cache.
+    pub missing: Vec<String>,
+    /// The cache folder searched.
+    pub cache: PathBuf,
+    /// The hub's address tried.
+    pub endpoint: String,
+    /// The transport's error.
+    pub reason: String,
 }
 
 fn list(files: &[String]) -> String {
@@ -471,14 +476,14 @@ fn download(
                 ureq::Error::StatusCode(status) => {
                     cached.other(what, format!("the hub answered {status}"))
                 }
-                other => HubError::Unreachable {
+                other => HubError::Unreachable(Box::new(Unreachable {
                     repo: cached.id.clone(),
                     revision: cached.revision.clone(),
                     missing: missing.clone(),
                     cache: settings.cache.clone(),
                     endpoint: settings.endpoint.clone(),
                     reason: other.to_string(),
-                },
+                })),
             },
             other => cached.other(what, other),
         }
