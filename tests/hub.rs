@@ -434,3 +434,175 @@ fn a_local_folder_still_works() {
     assert!(matches!(err, HubError::NotFound { .. }), "{err}");
     assert!(err.to_string().contains("org/name@revision"), "{err}");
 }
+
+/// A loopback stand-in for the hub that serves `files` at commit `commit`
+/// over the hub's HTTP interface as hf-hub uses it: the revision's file list
+/// (`/api/models/<repo>/revision/<rev>`) and `/<repo>/resolve/<commit>/<file>`
+/// with `etag`, `x-repo-commit` and ranges. Records the paths asked for.
+struct StandInHub {
+    endpoint: String,
+    requests: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    port: u16,
+}
+
+impl StandInHub {
+    fn start(repo: &'static str, commit: &'static str, files: Vec<(String, Vec<u8>)>) -> Self {
+        use std::sync::atomic::Ordering;
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let requests = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (seen, halt) = (requests.clone(), stop.clone());
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                if halt.load(Ordering::SeqCst) {
+                    break;
+                }
+                let Ok(mut stream) = stream else { continue };
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") && stream.read(&mut byte).unwrap_or(0) == 1 {
+                    head.push(byte[0]);
+                }
+                let head = String::from_utf8_lossy(&head).into_owned();
+                let path = head.split_whitespace().nth(1).unwrap_or("").to_string();
+                seen.lock().unwrap().push(path.clone());
+                let range_start = head
+                    .lines()
+                    .find_map(|l| {
+                        l.to_ascii_lowercase()
+                            .strip_prefix("range: bytes=")
+                            .map(str::to_string)
+                    })
+                    .map(|r| {
+                        let (a, b) = r.split_once('-').unwrap();
+                        (a.parse::<usize>().unwrap(), b.parse::<usize>().ok())
+                    });
+                let info = format!("/api/models/{repo}/revision/");
+                let resolve = format!("/{repo}/resolve/{commit}/");
+                let (status, headers, body): (&str, String, Vec<u8>) =
+                    if let Some(_rev) = path.strip_prefix(&info) {
+                        let siblings: Vec<_> = files
+                            .iter()
+                            .map(|(n, _)| serde_json::json!({"rfilename": n}))
+                            .collect();
+                        let body = serde_json::json!({"sha": commit, "siblings": siblings});
+                        ("200 OK", String::new(), body.to_string().into_bytes())
+                    } else if let Some((_, bytes)) = path
+                        .strip_prefix(&resolve)
+                        .and_then(|f| files.iter().find(|(n, _)| n == f))
+                    {
+                        let etag: String = Sha256::digest(bytes)
+                            .iter()
+                            .map(|b| format!("{b:02x}"))
+                            .collect();
+                        let (a, b) = range_start.unwrap_or((0, None));
+                        let b = b.unwrap_or(bytes.len() - 1).min(bytes.len() - 1);
+                        (
+                            "206 Partial Content",
+                            format!(
+                                "etag: \"{etag}\"\r\nx-repo-commit: {commit}\r\n\
+                                 content-range: bytes {a}-{b}/{}\r\n",
+                                bytes.len()
+                            ),
+                            bytes[a..=b].to_vec(),
+                        )
+                    } else {
+                        ("404 Not Found", String::new(), Vec::new())
+                    };
+                let _ = stream.write_all(
+                    format!(
+                        "HTTP/1.1 {status}\r\n{headers}content-length: {}\r\nconnection: close\r\n\r\n",
+                        body.len()
+                    )
+                    .as_bytes(),
+                );
+                let _ = stream.write_all(&body);
+            }
+        });
+        StandInHub {
+            endpoint: format!("http://127.0.0.1:{port}"),
+            requests,
+            stop,
+            port,
+        }
+    }
+
+    fn files_fetched(&self) -> Vec<String> {
+        let mut files: Vec<String> = self
+            .requests
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|p| p.split("/resolve/").nth(1))
+            .filter_map(|p| p.split_once('/').map(|(_, f)| f.to_string()))
+            .collect();
+        files.sort();
+        files.dedup();
+        files
+    }
+}
+
+impl Drop for StandInHub {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        let _ = std::net::TcpStream::connect(("127.0.0.1", self.port));
+    }
+}
+
+#[test]
+fn missing_files_are_downloaded_into_the_hubs_layout() {
+    let model = model_dir();
+    let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(&model)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_file())
+        .map(|p| {
+            let name = p.file_name().unwrap().to_str().unwrap().to_string();
+            (name, std::fs::read(&p).unwrap())
+        })
+        .collect();
+    files.push(("README.md".into(), b"# not needed\n".to_vec()));
+    let hub = StandInHub::start(REPO, COMMIT_B, files);
+    let cache = HubCache::new("hub-download");
+    // config.json is cached already under the commit the hub will name.
+    cache.put(REPO, COMMIT_B, "config.json", &model.join("config.json"));
+    let settings = cache.settings(false, &hub.endpoint);
+    let dir = resolve_with(REPO, None, Wanted::Model, &settings).unwrap();
+    assert_eq!(dir, cache.snapshot(REPO, COMMIT_B));
+    // Only what was missing and wanted was fetched, from the commit.
+    assert_eq!(
+        hub.files_fetched(),
+        [
+            "generation_config.json",
+            "model.safetensors",
+            "tokenizer.json",
+            "tokenizer_config.json"
+        ]
+    );
+    // The hub's layout: relative links into blobs named by the etag, the
+    // branch's ref, no ref named by a commit.
+    for name in ["model.safetensors", "tokenizer.json"] {
+        let link = dir.join(name);
+        let target = std::fs::read_link(&link).unwrap();
+        assert!(target.starts_with("../../blobs"), "{}", target.display());
+        assert_eq!(
+            std::fs::read(&link).unwrap(),
+            std::fs::read(model.join(name)).unwrap()
+        );
+    }
+    let refs = cache.repo_dir(REPO).join("refs");
+    assert_eq!(
+        std::fs::read_to_string(refs.join("main")).unwrap(),
+        COMMIT_B
+    );
+    assert!(!refs.join(COMMIT_B).exists());
+    // Once complete, the cache serves without the hub.
+    drop(hub);
+    let offline = cache.settings(false, &closed_endpoint());
+    assert_eq!(
+        resolve_with(REPO, None, Wanted::Model, &offline).unwrap(),
+        cache.snapshot(REPO, COMMIT_B)
+    );
+}

@@ -108,7 +108,7 @@ impl Server {
         };
         let child = Command::new(env!("CARGO_BIN_EXE_decisio"))
             .args(["serve", "--model"])
-            .arg(&model)
+            .arg(model)
             .args([
                 "--served-model-name",
                 "smollm2",
