@@ -28,7 +28,8 @@
 //! it lists), `tokenizer.json` and `tokenizer_config.json`; downloaded too
 //! when the repository has them: `generation_config.json`,
 //! `special_tokens_map.json`, `chat_template.jinja`, `chat_template.json`.
-//! A tokenizer repository needs the tokenizer files only.
+//! A tokenizer repository needs the tokenizer files only; [`Wanted::Config`]
+//! asks for `config.json` alone.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -55,6 +56,9 @@ pub enum Wanted {
     Model,
     /// A tokenizer: the tokenizer files only.
     Tokenizer,
+    /// `config.json` only (to read a checkpoint's configuration without
+    /// its weights).
+    Config,
 }
 
 /// Where and how to reach the hub; [`HubSettings::from_env`] reads the
@@ -395,7 +399,10 @@ fn required_names(files: Wanted) -> Vec<String> {
         names.push("config.json".into());
         names.push(format!("{WEIGHTS} (or {WEIGHTS_INDEX} and its shards)"));
     }
-    names.extend(TOKENIZER_FILES.iter().map(|f| f.to_string()));
+    match files {
+        Wanted::Config => names.push("config.json".into()),
+        _ => names.extend(TOKENIZER_FILES.iter().map(|f| f.to_string())),
+    }
     names
 }
 
@@ -440,6 +447,12 @@ fn missing_files(snapshot: &Path, files: Wanted) -> Vec<String> {
         } else if !has(WEIGHTS) {
             missing.push(format!("{WEIGHTS} (or {WEIGHTS_INDEX} and its shards)"));
         }
+    }
+    if files == Wanted::Config {
+        if !has("config.json") {
+            missing.push("config.json".to_string());
+        }
+        return missing;
     }
     missing.extend(
         TOKENIZER_FILES
@@ -559,16 +572,27 @@ fn download(
         }
         wanted.push("generation_config.json".into());
     }
-    for file in TOKENIZER_FILES {
+    if files == Wanted::Config {
+        if !listed.contains("config.json") {
+            return Err(incomplete(
+                "config.json",
+                "pass a model repository or a local folder",
+            ));
+        }
+        wanted.push("config.json".into());
+    }
+    for file in TOKENIZER_FILES.iter().filter(|_| files != Wanted::Config) {
         if !listed.contains(file) {
             return Err(incomplete(
                 file,
                 "pass a repository with the tokenizer files, or --tokenizer with one",
             ));
         }
-        wanted.push(file.into());
+        wanted.push(file.to_string());
     }
-    wanted.extend(OPTIONAL_TOKENIZER_FILES.iter().map(|f| f.to_string()));
+    if files != Wanted::Config {
+        wanted.extend(OPTIONAL_TOKENIZER_FILES.iter().map(|f| f.to_string()));
+    }
     for file in wanted.iter().filter(|f| listed.contains(f.as_str())) {
         fetch(file)?;
     }

@@ -293,10 +293,18 @@ fn an_offline_miss_lists_the_missing_files() {
         HubError::Offline { missing, .. } => assert_eq!(missing, ["tokenizer_config.json"]),
         other => panic!("{other:?}"),
     }
+    // A configuration alone is there.
+    let config = resolve_with(REPO, None, Wanted::Config, &settings).unwrap();
+    assert_eq!(config, cache.snapshot(REPO, COMMIT_A));
     // Nothing cached at all: every required file is listed.
     let none = resolve_with("test-org/absent", None, Wanted::Model, &settings).unwrap_err();
     match none {
         HubError::Offline { missing, .. } => assert_eq!(missing.len(), 4, "{missing:?}"),
+        other => panic!("{other:?}"),
+    }
+    let none = resolve_with("test-org/absent", None, Wanted::Config, &settings).unwrap_err();
+    match none {
+        HubError::Offline { missing, .. } => assert_eq!(missing, ["config.json"]),
         other => panic!("{other:?}"),
     }
     // Through the command, with HF_HOME.
@@ -564,6 +572,15 @@ fn missing_files_are_downloaded_into_the_hubs_layout() {
         })
         .collect();
     files.push(("README.md".into(), b"# not needed\n".to_vec()));
+    // A configuration alone takes config.json alone.
+    {
+        let hub = StandInHub::start(REPO, COMMIT_B, files.clone());
+        let cache = HubCache::new("hub-download-config");
+        let settings = cache.settings(false, &hub.endpoint);
+        let dir = resolve_with(REPO, None, Wanted::Config, &settings).unwrap();
+        assert_eq!(dir, cache.snapshot(REPO, COMMIT_B));
+        assert_eq!(hub.files_fetched(), ["config.json"]);
+    }
     let hub = StandInHub::start(REPO, COMMIT_B, files);
     let cache = HubCache::new("hub-download");
     // config.json is cached already under the commit the hub will name.
