@@ -12,6 +12,7 @@ use decisio::bases::{self, Base, BaseArg, BaseError};
 use decisio::engine::mlx::{LoadOptions, MlxEngine, MlxOptions};
 use decisio::engine::vllm::{MethodChoice, VllmEngine, VllmOptions};
 use decisio::engine::{Engine, EngineStatus, MultiQuestion, PadPolicy};
+use decisio::hub::{self, Wanted};
 use decisio::metrics::Metrics;
 use decisio::prompt::{ChatTemplate, TextTokenizer};
 use decisio::route::{RouteConfig, TextRoute};
@@ -101,14 +102,16 @@ struct ServeArgs {
     /// conversion's config.json.
     #[arg(long)]
     base: Option<String>,
-    /// The MLX conversion: a local folder, or a Hugging Face repository id
-    /// already in the Hugging Face cache (default: the base's default
-    /// conversion). With `--backend vllm`: the folder whose tokenizer, chat
-    /// template and config.json build the prompts.
+    /// The MLX conversion: a local folder, or a Hugging Face repository
+    /// `org/name[@revision]` (taken from the Hugging Face cache, downloaded
+    /// when missing; default: the base's default conversion). With
+    /// `--backend vllm`: the model whose tokenizer, chat template and
+    /// config.json build the prompts.
     #[arg(long)]
     model: Option<String>,
-    /// A folder with tokenizer.json and tokenizer_config.json to build
-    /// prompts with (default: the base's official tokenizer, else the
+    /// A folder or a repository `org/name[@revision]` with tokenizer.json
+    /// and tokenizer_config.json to build prompts with (default: the base's
+    /// official tokenizer, else the
     /// model's own).
     #[arg(long)]
     tokenizer: Option<String>,
@@ -237,43 +240,6 @@ fn main() -> Result<()> {
     }
 }
 
-/// A local folder, or a repository id found in the Hugging Face cache.
-fn resolve_model(spec: &str) -> Result<PathBuf> {
-    let path = Path::new(spec);
-    if path.is_dir() {
-        return Ok(path.to_path_buf());
-    }
-    let (spec, revision) = match spec.split_once('@') {
-        Some((repo, rev)) => (repo, Some(rev)),
-        None => (spec, None),
-    };
-    if let Some((org, name)) = spec.split_once('/') {
-        if !org.is_empty() && !name.is_empty() && !name.contains('/') {
-            let home = std::env::var_os("HF_HOME")
-                .map(PathBuf::from)
-                .or_else(|| {
-                    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/huggingface"))
-                })
-                .unwrap_or_default();
-            let repo = home.join("hub").join(format!("models--{org}--{name}"));
-            let revision = revision.map_or_else(
-                || std::fs::read_to_string(repo.join("refs/main")).unwrap_or_default(),
-                str::to_string,
-            );
-            let snapshot = repo.join("snapshots").join(revision.trim());
-            if !revision.trim().is_empty() && snapshot.is_dir() {
-                return Ok(snapshot);
-            }
-            bail!(
-                "`{spec}` is neither a folder nor a repository in the Hugging Face cache ({}); \
-                 download it first (for example `hf download {spec}`) or pass a local folder",
-                repo.display()
-            );
-        }
-    }
-    bail!("--model `{spec}` is not a folder; pass an MLX conversion folder")
-}
-
 /// A SHA-256 digest of files' contents (absent files count as empty).
 fn file_digest(paths: &[PathBuf]) -> String {
     use sha2::{Digest, Sha256};
@@ -347,7 +313,7 @@ fn choose_base(args: &ServeArgs) -> Result<(Option<&'static Base>, String, PathB
     }
     let arg = BaseArg::parse(args.base.as_deref());
     let base_config = match &arg {
-        BaseArg::Checkpoint(repo) => Some(read_config(&resolve_model(repo)?)),
+        BaseArg::Checkpoint(repo) => Some(read_config(&hub::resolve(repo, None, Wanted::Config)?)),
         _ => None,
     };
     let named = match &arg {
@@ -364,29 +330,28 @@ fn choose_base(args: &ServeArgs) -> Result<(Option<&'static Base>, String, PathB
             .repository
             .to_string(),
     };
-    let model_dir = resolve_model(&model)?;
-    let base = bases::choose(
-        &arg,
-        &model,
-        &read_config(&model_dir),
-        base_config.as_ref(),
-        mlx,
-    )?;
+    // The refusals need config.json alone: a refused conversion's weights
+    // are never downloaded.
+    let config = read_config(&hub::resolve(&model, None, Wanted::Config)?);
+    let base = bases::choose(&arg, &model, &config, base_config.as_ref(), mlx)?;
+    let model_dir = hub::resolve(&model, None, Wanted::Model)?;
     let tokenizer_dir = match (&args.tokenizer, base) {
-        (Some(t), _) => resolve_model(t)?,
+        (Some(t), _) => hub::resolve(t, None, Wanted::Tokenizer)?,
         (None, Some(b)) => {
             let source = b.tokenizer;
             let spec = match source.revision {
                 Some(rev) => format!("{}@{rev}", source.repository),
                 None => source.repository.to_string(),
             };
-            resolve_model(&spec).with_context(|| {
-                format!(
-                    "base {} builds prompts with {spec}'s tokenizer and chat template; \
+            hub::resolve(source.repository, source.revision, Wanted::Tokenizer).with_context(
+                || {
+                    format!(
+                        "base {} builds prompts with {spec}'s tokenizer and chat template; \
                      pass --tokenizer FOLDER to use another",
-                    b.name
-                )
-            })?
+                        b.name
+                    )
+                },
+            )?
         }
         (None, None) => model_dir.clone(),
     };
