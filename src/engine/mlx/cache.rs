@@ -50,6 +50,24 @@ impl KvCache {
     }
 }
 
+/// The state of one Gated DeltaNet layer: the last `kernel - 1` inputs of
+/// its causal convolution `[batch, kernel - 1, conv_dim]` and the recurrent
+/// state `[batch, value_heads, value_dim, key_dim]` (float32). Both are
+/// replaced, not appended to, at each step, so their size does not grow
+/// with the sequence.
+#[derive(Clone, Default)]
+pub struct DeltaCache {
+    pub conv: Option<Array>,
+    pub state: Option<Array>,
+}
+
+impl DeltaCache {
+    /// Arrays to evaluate so that the cache holds computed data.
+    pub fn arrays(&self) -> impl Iterator<Item = &Array> {
+        self.conv.iter().chain(self.state.iter())
+    }
+}
+
 /// One layer's cache. Each architecture holds the kinds its layers need;
 /// all of them are immutable MLX arrays underneath, so cloning a cache is a
 /// snapshot.
@@ -57,6 +75,8 @@ impl KvCache {
 pub enum LayerCache {
     /// Keys and values of every position (full attention).
     Kv(KvCache),
+    /// Convolution inputs and recurrent state (Gated DeltaNet).
+    Delta(DeltaCache),
 }
 
 impl LayerCache {
@@ -65,6 +85,9 @@ impl LayerCache {
     pub fn kv(&mut self) -> MlxResult<&mut KvCache> {
         match self {
             LayerCache::Kv(c) => Ok(c),
+            _ => Err(super::MlxError::Config(
+                "a full-attention layer was given a cache of another kind".into(),
+            )),
         }
     }
 
@@ -72,6 +95,7 @@ impl LayerCache {
     pub fn arrays(&self) -> Box<dyn Iterator<Item = &Array> + '_> {
         match self {
             LayerCache::Kv(c) => Box::new(c.arrays()),
+            LayerCache::Delta(c) => Box::new(c.arrays()),
         }
     }
 

@@ -11,6 +11,7 @@ pub mod host;
 pub mod layers;
 pub mod llama;
 pub mod loader;
+pub mod qwen3_5;
 pub mod sample;
 
 use std::collections::HashMap;
@@ -109,7 +110,11 @@ pub struct LastHidden {
 type Loader = fn(&serde_json::Value, &loader::Weights) -> MlxResult<Box<dyn Architecture>>;
 
 /// The architectures this backend implements, by `model_type`.
-const LOADERS: &[(&str, Loader)] = &[("llama", llama::Model::boxed)];
+const LOADERS: &[(&str, Loader)] = &[
+    ("llama", llama::Model::boxed),
+    ("qwen3_5", qwen3_5::Model::boxed),
+    ("qwen3_5_moe", qwen3_5::Model::boxed),
+];
 
 /// The `model_type`s this backend implements.
 pub fn architectures() -> impl Iterator<Item = &'static str> {
@@ -277,7 +282,15 @@ fn describe_config(config: &serde_json::Value) -> MlxResult<ModelInfo> {
     if !architectures().any(|a| a == model_type) {
         return Err(unsupported(model_type));
     }
-    let get = |k: &str| config.get(k).and_then(|v| v.as_u64()).map(|v| v as usize);
+    // Vision-language checkpoints nest the text model's settings.
+    let text = config.get("text_config");
+    let get = |k: &str| {
+        config
+            .get(k)
+            .or_else(|| text.and_then(|t| t.get(k)))
+            .and_then(|v| v.as_u64())
+            .map(|v| v as usize)
+    };
     Ok(ModelInfo {
         context_length: get("max_position_embeddings").unwrap_or(4096),
         vocab_size: get("vocab_size")
