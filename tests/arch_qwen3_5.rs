@@ -288,8 +288,7 @@ fn configs_are_checked() {
         let mut v = moe.clone();
         edit(&mut v["text_config"]);
         let err = Config::from_config(&v)
-            .err()
-            .expect("a config error")
+            .expect_err("a config error")
             .to_string();
         assert!(err.contains(says), "{err:?} should mention {says}");
     };
