@@ -1,5 +1,6 @@
-//! The `qwen3_5_moe` architecture against mlx-lm 0.32.2 on tiny random-weight
-//! conversions of Qwen3.6-35B-A3B's structure (bf16, 6-bit, 4-bit), made with
+//! The `qwen3_5_moe` and `qwen3_5` architectures against mlx-lm 0.32.2 on
+//! tiny random-weight conversions of Qwen3.6-35B-A3B's and Qwen3.6-27B's
+//! structures (bf16, 6-bit, 4-bit), made with
 //! their reference logits by `scripts/reference/tiny_models.py` (`make
 //! reference`; the folder is `$DECISIO_REFERENCE_DIR/tiny`, by default
 //! `target/reference/tiny`).
@@ -21,14 +22,14 @@ const TOLERANCE: f32 = 1e-3;
 /// The engine reads prompts in chunks of this many tokens.
 const CHUNK: usize = 256;
 
-fn folder(quant: &str) -> PathBuf {
+fn folder(arch: &str, quant: &str) -> PathBuf {
     let base = std::env::var_os("DECISIO_REFERENCE_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/reference"));
-    let dir = base.join(format!("tiny/qwen3_5_moe-{quant}"));
+    let dir = base.join(format!("tiny/{arch}-{quant}"));
     assert!(
         dir.join("reference.safetensors").exists(),
-        "the tiny qwen3_5_moe conversion is missing at {}; run `make reference`",
+        "the tiny {arch} conversion is missing at {}; run `make reference`",
         dir.display()
     );
     dir
@@ -39,13 +40,13 @@ fn folder(quant: &str) -> PathBuf {
 /// CPU default expands them to. (MLX's CPU quantized product accumulates
 /// otherwise than a dense product, so the two runs differ by up to 2
 /// bfloat16 steps per product; each path is held to its own reference.)
-fn reference(quant: &str, dense: bool) -> HashMap<String, Array> {
+fn reference(arch: &str, quant: &str, dense: bool) -> HashMap<String, Array> {
     let file = if dense && quant != "bf16" {
         "reference_dense.safetensors"
     } else {
         "reference.safetensors"
     };
-    Array::load_safetensors(folder(quant).join(file)).expect("the reference logits")
+    Array::load_safetensors(folder(arch, quant).join(file)).expect("the reference logits")
 }
 
 fn ids(a: &Array) -> Vec<u32> {
@@ -69,9 +70,11 @@ fn max_diff(got: &[f32], want: &[f32]) -> f32 {
 /// Every prompt length (read in chunks as the engine reads it) and every
 /// prefix + continuation pair (the continuation from a clone of the
 /// prefix's cache); returns the worst difference.
-fn compare(quant: &str, options: LoadOptions, max_len: usize) -> f32 {
-    let model = MlxModel::load_with(&folder(quant), options).expect("load the tiny conversion");
-    let reference = reference(quant, options.dequantize);
+fn compare(arch: &str, quant: &str, options: LoadOptions, max_len: usize) -> f32 {
+    let model =
+        MlxModel::load_with(&folder(arch, quant), options).expect("load the tiny conversion");
+    assert_eq!(model.info.architecture, arch);
+    let reference = reference(arch, quant, options.dequantize);
     let mut lengths: Vec<usize> = reference
         .keys()
         .filter_map(|k| k.strip_prefix("ids_")?.parse().ok())
@@ -79,11 +82,11 @@ fn compare(quant: &str, options: LoadOptions, max_len: usize) -> f32 {
     lengths.sort_unstable();
     assert!(lengths.len() >= 8, "the reference holds {lengths:?}");
     let label = format!(
-        "{quant} ({})",
+        "{arch} {quant} ({})",
         if options.dequantize {
             "dequantized, host kernels"
         } else {
-            "quantized, MLX ops"
+            "as stored, MLX ops"
         }
     );
     let mut worst = 0f32;
@@ -148,33 +151,63 @@ const MLX_OPS: LoadOptions = LoadOptions {
 };
 
 #[test]
-fn bf16_matches_mlx_lm() {
-    compare("bf16", CPU, usize::MAX);
+fn moe_bf16_matches_mlx_lm() {
+    compare("qwen3_5_moe", "bf16", CPU, usize::MAX);
 }
 
 #[test]
-fn bf16_with_mlx_ops_matches_mlx_lm() {
-    compare("bf16", MLX_OPS, 700);
+fn moe_bf16_with_mlx_ops_matches_mlx_lm() {
+    compare("qwen3_5_moe", "bf16", MLX_OPS, 700);
 }
 
 #[test]
-fn six_bit_dequantized_matches_mlx_lm() {
-    compare("6bit", CPU, usize::MAX);
+fn moe_six_bit_dequantized_matches_mlx_lm() {
+    compare("qwen3_5_moe", "6bit", CPU, usize::MAX);
 }
 
 #[test]
-fn six_bit_quantized_matches_mlx_lm() {
-    compare("6bit", MLX_OPS, 700);
+fn moe_six_bit_quantized_matches_mlx_lm() {
+    compare("qwen3_5_moe", "6bit", MLX_OPS, 700);
 }
 
 #[test]
-fn four_bit_dequantized_matches_mlx_lm() {
-    compare("4bit", CPU, usize::MAX);
+fn moe_four_bit_dequantized_matches_mlx_lm() {
+    compare("qwen3_5_moe", "4bit", CPU, usize::MAX);
 }
 
 #[test]
-fn four_bit_quantized_matches_mlx_lm() {
-    compare("4bit", MLX_OPS, 700);
+fn moe_four_bit_quantized_matches_mlx_lm() {
+    compare("qwen3_5_moe", "4bit", MLX_OPS, 700);
+}
+
+#[test]
+fn dense_bf16_matches_mlx_lm() {
+    compare("qwen3_5", "bf16", CPU, usize::MAX);
+}
+
+#[test]
+fn dense_bf16_with_mlx_ops_matches_mlx_lm() {
+    compare("qwen3_5", "bf16", MLX_OPS, 700);
+}
+
+#[test]
+fn dense_six_bit_dequantized_matches_mlx_lm() {
+    compare("qwen3_5", "6bit", CPU, usize::MAX);
+}
+
+#[test]
+fn dense_six_bit_quantized_matches_mlx_lm() {
+    compare("qwen3_5", "6bit", MLX_OPS, 700);
+}
+
+#[test]
+fn dense_four_bit_dequantized_matches_mlx_lm() {
+    compare("qwen3_5", "4bit", CPU, usize::MAX);
+}
+
+#[test]
+fn dense_four_bit_quantized_matches_mlx_lm() {
+    compare("qwen3_5", "4bit", MLX_OPS, 700);
 }
 
 /// A snapshot (a clone of the prefix's cache) continued with two different
@@ -183,8 +216,13 @@ fn four_bit_quantized_matches_mlx_lm() {
 /// snapshot as it was.
 #[test]
 fn snapshot_continues_bit_for_bit() {
-    for (quant, options) in [("4bit", CPU), ("4bit", MLX_OPS), ("bf16", CPU)] {
-        let model = MlxModel::load_with(&folder(quant), options).unwrap();
+    for (arch, quant, options) in [
+        ("qwen3_5_moe", "4bit", CPU),
+        ("qwen3_5_moe", "4bit", MLX_OPS),
+        ("qwen3_5_moe", "bf16", CPU),
+        ("qwen3_5", "6bit", CPU),
+    ] {
+        let model = MlxModel::load_with(&folder(arch, quant), options).unwrap();
         let prefix: Vec<u32> = (0..300).map(|i| (i * 37 + 11) % 1024).collect();
         let suffixes: [Vec<u32>; 2] =
             [vec![5, 900, 17], (0..40).map(|i| (i * 13) % 1024).collect()];
@@ -215,10 +253,69 @@ fn snapshot_continues_bit_for_bit() {
             );
         }
         assert_ne!(from_snapshot[0], from_snapshot[1]);
-        println!("{quant} {options:?}: snapshot continuations equal bit for bit");
+        println!("{arch} {quant} {options:?}: snapshot continuations equal bit for bit");
     }
 }
 
 fn cache_eval(c: &decisio::engine::mlx::cache::ModelCache) {
     c.eval().unwrap();
+}
+
+fn base(name: &str) -> serde_json::Value {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/bases")
+        .join(name);
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// The real configs parse; a config the layers cannot run is a config
+/// error that says what is wrong, not a panic.
+#[test]
+fn configs_are_checked() {
+    use decisio::engine::mlx::qwen3_5::Config;
+    let moe = base("qwen3_5_moe-35b-a3b.config.json");
+    let c = Config::from_config(&moe).unwrap();
+    assert_eq!(
+        (
+            c.num_experts,
+            c.num_experts_per_tok,
+            c.full_attention_interval
+        ),
+        (256, 8, 4)
+    );
+    Config::from_config(&base("qwen3_5-27b.config.json")).unwrap();
+    let broken = |edit: &dyn Fn(&mut serde_json::Value), says: &str| {
+        let mut v = moe.clone();
+        edit(&mut v["text_config"]);
+        let err = Config::from_config(&v)
+            .expect_err("a config error")
+            .to_string();
+        assert!(err.contains(says), "{err:?} should mention {says}");
+    };
+    broken(
+        &|t| t["full_attention_interval"] = 0.into(),
+        "full_attention_interval",
+    );
+    broken(
+        &|t| t["linear_num_value_heads"] = 33.into(),
+        "linear_num_value_heads",
+    );
+    broken(
+        &|t| t["num_key_value_heads"] = 3.into(),
+        "num_key_value_heads",
+    );
+    broken(
+        &|t| t["num_experts_per_tok"] = 300.into(),
+        "num_experts_per_tok",
+    );
+    broken(
+        &|t| t["rope_parameters"]["rope_type"] = "yarn".into(),
+        "yarn",
+    );
+    broken(
+        &|t| {
+            t.as_object_mut().unwrap().remove("hidden_size");
+        },
+        "hidden_size",
+    );
 }

@@ -82,7 +82,34 @@ def tiny_qwen3_5_moe(base):
     return config
 
 
+def tiny_qwen3_5(base):
+    """Qwen3.6-27B's structure at a small size: 8 layers (every 4th full
+    attention), 6 query heads per KV head, 3 value heads per key head in the
+    linear layers, an MLP 3 times the width."""
+    config = copy.deepcopy(base)
+    config.pop("quantization", None)
+    t = config["text_config"]
+    t.update(
+        hidden_size=64,
+        num_hidden_layers=8,
+        num_attention_heads=6,
+        num_key_value_heads=1,
+        head_dim=32,
+        linear_num_key_heads=2,
+        linear_num_value_heads=6,
+        linear_key_head_dim=32,
+        linear_value_head_dim=32,
+        intermediate_size=192,
+        vocab_size=1024,
+        max_position_embeddings=4096,
+    )
+    t.pop("mtp_num_hidden_layers", None)
+    assert t["full_attention_interval"] == 4
+    return config
+
+
 ARCHITECTURES = {
+    "qwen3_5": ("qwen3_5-27b.config.json", tiny_qwen3_5),
     "qwen3_5_moe": ("qwen3_5_moe-35b-a3b.config.json", tiny_qwen3_5_moe),
 }
 

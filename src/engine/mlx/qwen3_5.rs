@@ -158,7 +158,7 @@ impl Config {
 
     /// Whether block `i` is a linear-attention block.
     fn is_linear(&self, i: usize) -> bool {
-        (i + 1) % self.full_attention_interval != 0
+        !(i + 1).is_multiple_of(self.full_attention_interval)
     }
 }
 
@@ -750,7 +750,7 @@ enum Mixer {
 
 enum FeedForward {
     Dense(Mlp),
-    Sparse(SparseMoe),
+    Sparse(Box<SparseMoe>),
 }
 
 impl FeedForward {
@@ -777,7 +777,7 @@ impl DecoderLayer {
             Mixer::Full(Attention::load(w, &format!("{p}.self_attn"), c)?)
         };
         let mlp = if c.num_experts > 0 {
-            FeedForward::Sparse(SparseMoe::load(w, &format!("{p}.mlp"), c)?)
+            FeedForward::Sparse(Box::new(SparseMoe::load(w, &format!("{p}.mlp"), c)?))
         } else {
             FeedForward::Dense(Mlp::load(w, &format!("{p}.mlp"))?)
         };
