@@ -67,7 +67,7 @@ pub const BASES: &[Base] = &[
         name: "qwen3.6-35b-a3b",
         checkpoint: "Qwen/Qwen3.6-35B-A3B",
         shape: Shape {
-            model_types: &["qwen3_5_moe"],
+            model_types: &["qwen3_5_moe", "qwen3_5_moe_text"],
             num_hidden_layers: 40,
         },
         conversions: &[
