@@ -252,7 +252,12 @@ pub fn read_csv(text: &str) -> Result<Vec<(String, String)>> {
             let f = csv_fields(&r);
             match (f.get(t), f.get(l)) {
                 (Some(text), Some(label)) => Ok((text.clone(), label.trim().to_string())),
-                _ => bail!("CSV line {} has {} fields; the header has {}", i + 2, f.len(), names.len()),
+                _ => bail!(
+                    "CSV line {} has {} fields; the header has {}",
+                    i + 2,
+                    f.len(),
+                    names.len()
+                ),
             }
         })
         .collect()
@@ -268,7 +273,10 @@ pub fn read_clinc(text: &str, split: &str) -> Result<Vec<(String, String)>> {
                 .as_object()
                 .map(|o| o.keys().map(String::as_str).collect())
                 .unwrap_or_default();
-            format!("the clinc file has no part `{part}`; it has {}", parts.join(", "))
+            format!(
+                "the clinc file has no part `{part}`; it has {}",
+                parts.join(", ")
+            )
         })?;
         for (i, item) in items.iter().enumerate() {
             match item.as_array().map(|a| a.as_slice()) {

@@ -8,9 +8,9 @@ use std::time::Instant;
 use serde_json::{Map, Value};
 
 use super::{RouteError, TextRoute};
-use crate::tasks::head::Head;
 use crate::engine::{MultiQuestion, PadPolicy, QuestionTokens, ScoreRequest, StateHash};
 use crate::prompt::ChatTemplate;
+use crate::tasks::head::Head;
 
 /// The letters of options, in order; at most 26 options per question.
 pub const LETTERS: [&str; 26] = [
@@ -142,7 +142,11 @@ pub fn check_question(q: &Question, param: &str) -> Result<(), RouteError> {
         ));
     }
     // An intent task's labels were checked at registration.
-    let options = if q.head.is_some() { &[][..] } else { &q.options[..] };
+    let options = if q.head.is_some() {
+        &[][..]
+    } else {
+        &q.options[..]
+    };
     for (i, option) in options.iter().enumerate() {
         if option.trim().is_empty() {
             return Err(invalid(
@@ -449,7 +453,11 @@ impl TextRoute {
             }
             // An intent question reads one letter (unused): the head reads
             // the hidden state.
-            let read = self.letter_ids[..q.options.len().min(if q.head.is_some() { 1 } else { LETTERS.len() })]
+            let read = self.letter_ids[..q.options.len().min(if q.head.is_some() {
+                1
+            } else {
+                LETTERS.len()
+            })]
                 .to_vec();
             tokens.push(QuestionTokens { suffix: ids, read });
         }

@@ -711,7 +711,11 @@ pub fn task(
     if let Some(j) = counts.iter().position(|&c| c == 0) {
         return Err(ApiError::invalid(
             &format!("{field}[{j}]"),
-            format!("the {} `{}` has no example", &field[..field.len() - 1], labels[j]),
+            format!(
+                "the {} `{}` has no example",
+                &field[..field.len() - 1],
+                labels[j]
+            ),
         ));
     }
     let holdout = unit(req.holdout.unwrap_or(0.2), true, "holdout")?;
@@ -773,7 +777,9 @@ fn choice_only(req: &TaskRequest) -> Result<(), ApiError> {
         if set {
             return Err(ApiError::invalid(
                 field,
-                format!("`{field}` applies to `intent` tasks only (a `choice` task takes `options`)"),
+                format!(
+                    "`{field}` applies to `intent` tasks only (a `choice` task takes `options`)"
+                ),
             ));
         }
     }
@@ -828,7 +834,10 @@ fn intent_labels(req: &TaskRequest, limits: &Limits) -> Result<Vec<String>, ApiE
     if labels.len() < 2 || labels.len() > max {
         return Err(ApiError::invalid(
             "labels",
-            format!("an intent task takes 2 to {max} labels; got {}", labels.len()),
+            format!(
+                "an intent task takes 2 to {max} labels; got {}",
+                labels.len()
+            ),
         ));
     }
     let mut seen = std::collections::HashSet::new();
@@ -836,7 +845,10 @@ fn intent_labels(req: &TaskRequest, limits: &Limits) -> Result<Vec<String>, ApiE
     for (i, l) in labels.iter().enumerate() {
         let l = l.trim();
         if l.is_empty() {
-            return Err(ApiError::invalid(&format!("labels[{i}]"), "a label is empty"));
+            return Err(ApiError::invalid(
+                &format!("labels[{i}]"),
+                "a label is empty",
+            ));
         }
         if l.len() > limits.max_task_label_bytes {
             return Err(ApiError::invalid(

@@ -241,12 +241,7 @@ fn logits_of(x: &Array2<f64>, weights: &[f64], bias: &[f64]) -> Vec<Vec<f32>> {
     let w = ndarray::ArrayView2::from_shape((x.ncols(), n_labels), weights).expect("shape");
     let z = x.dot(&w);
     z.outer_iter()
-        .map(|row| {
-            row.iter()
-                .zip(bias)
-                .map(|(v, b)| (v + b) as f32)
-                .collect()
-        })
+        .map(|row| row.iter().zip(bias).map(|(v, b)| (v + b) as f32).collect())
         .collect()
 }
 
@@ -424,7 +419,12 @@ mod tests {
     use super::*;
 
     /// Gaussian-ish clusters: label `l`'s rows centred on a one-hot-ish mean.
-    fn clusters(n_per: usize, n_labels: usize, dim: usize, seed: u64) -> (Vec<Vec<f32>>, Vec<usize>) {
+    fn clusters(
+        n_per: usize,
+        n_labels: usize,
+        dim: usize,
+        seed: u64,
+    ) -> (Vec<Vec<f32>>, Vec<usize>) {
         let mut rng = SplitMix::new(seed);
         let (mut x, mut y) = (Vec::new(), Vec::new());
         for l in 0..n_labels {
@@ -467,7 +467,8 @@ mod tests {
 
     #[test]
     fn labels_absent_from_training_never_win() {
-        let x = Array2::from_shape_vec((4, 2), vec![1.0, 0.0, 1.1, 0.1, 0.0, 1.0, 0.1, 1.2]).unwrap();
+        let x =
+            Array2::from_shape_vec((4, 2), vec![1.0, 0.0, 1.1, 0.1, 0.0, 1.0, 0.1, 1.2]).unwrap();
         let (w, b) = fit_weights(&x, &[0, 0, 2, 2], 3, 1.0).unwrap();
         let z = logits_of(&x, &w, &b);
         assert!(z.iter().all(|r| r[1] < r[0] && r[1] < r[2]));

@@ -683,7 +683,8 @@ impl TaskRegistry {
         if let Some(h) = &head {
             // The head is on disk before the record says ready.
             self.store.save_head(id, h)?;
-            self.heads_lock().insert(id.to_string(), Arc::new(h.clone()));
+            self.heads_lock()
+                .insert(id.to_string(), Arc::new(h.clone()));
         }
         let figures = (report.temperature, report.before.ece, report.after.ece);
         let Some(()) = self.update(id, |r| {
