@@ -21,7 +21,11 @@ use serde_json::{json, Value};
 fn synthetic(n: usize, labels: usize, dim: usize) -> (Vec<Vec<f32>>, Vec<usize>) {
     let mut rng = SplitMix::new(11);
     let centres: Vec<Vec<f32>> = (0..labels)
-        .map(|_| (0..dim).map(|_| (rng.next_f64() as f32 - 0.5) * 0.6).collect())
+        .map(|_| {
+            (0..dim)
+                .map(|_| (rng.next_f64() as f32 - 0.5) * 0.6)
+                .collect()
+        })
         .collect();
     let mut x = Vec::with_capacity(n);
     let mut y = Vec::with_capacity(n);
@@ -67,9 +71,10 @@ fn reliability(args: &[String]) {
         eprintln!("usage: task_figures reliability TASK.json OUT.png FONT.ttf");
         std::process::exit(2);
     };
-    let task: Value =
-        serde_json::from_str(&std::fs::read_to_string(input).expect("the task file")).expect("json");
-    let font_bytes: &'static [u8] = Box::leak(std::fs::read(font).expect("the font").into_boxed_slice());
+    let task: Value = serde_json::from_str(&std::fs::read_to_string(input).expect("the task file"))
+        .expect("json");
+    let font_bytes: &'static [u8] =
+        Box::leak(std::fs::read(font).expect("the font").into_boxed_slice());
     plotters::style::register_font("sans-serif", FontStyle::Normal, font_bytes)
         .map_err(|_| "the font cannot be read")
         .expect("a font");
@@ -98,7 +103,10 @@ fn reliability(args: &[String]) {
         .draw_series(LineSeries::new([(0.0, 0.0), (1.0, 1.0)], BLACK.mix(0.4)))
         .expect("diagonal");
     for (key, colour, shift) in [("before", RED, -0.012), ("after", BLUE, 0.012)] {
-        let bins = r[key]["reliability"].as_array().cloned().unwrap_or_default();
+        let bins = r[key]["reliability"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
         let points: Vec<(f64, f64, f64)> = bins
             .iter()
             .filter_map(|b| {
@@ -113,13 +121,19 @@ fn reliability(args: &[String]) {
         let t = r[key]["temperature"].as_f64().unwrap_or(f64::NAN);
         chart
             .draw_series(points.iter().map(|&(c, a, _)| {
-                Rectangle::new([(c + shift - 0.01, 0.0), (c + shift + 0.01, a)], colour.mix(0.5).filled())
+                Rectangle::new(
+                    [(c + shift - 0.01, 0.0), (c + shift + 0.01, a)],
+                    colour.mix(0.5).filled(),
+                )
             }))
             .expect("bars")
             .label(format!("{key}: T = {t:.3}, ECE = {ece:.3}"))
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], colour.filled()));
         chart
-            .draw_series(LineSeries::new(points.iter().map(|&(c, a, _)| (c, a)), colour))
+            .draw_series(LineSeries::new(
+                points.iter().map(|&(c, a, _)| (c, a)),
+                colour,
+            ))
             .expect("line");
     }
     chart

@@ -233,7 +233,7 @@ pub fn read_csv(text: &str) -> Result<Vec<(String, String)>> {
         }
         open.push_str(line);
         // A record ends where its quotes balance.
-        if open.matches('"').count() % 2 == 0 {
+        if open.matches('"').count().is_multiple_of(2) {
             records.push(std::mem::take(&mut open));
         }
     }

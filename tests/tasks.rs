@@ -750,6 +750,10 @@ fn an_intent_task_over_mmlu_subjects_is_fitted_persisted_and_served() {
     assert_eq!(r["head"]["dim"], 576);
     assert_eq!(r["head"]["cross_validation"].as_array().unwrap().len(), 5);
     let after = r["after"]["accuracy"].as_f64().unwrap();
+    eprintln!(
+        "holdout accuracy {after:.4}, ECE {:.4} -> {:.4}; draws {}",
+        r["before"]["ece"], r["after"]["ece"], r["draws"]
+    );
     // Chance is 1/57 (0.018).
     assert!(
         after >= 0.15,

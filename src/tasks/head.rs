@@ -206,8 +206,8 @@ fn fit_weights(
     let mut bias = vec![0f64; n_labels];
     if present.len() < 2 {
         // One label only: it wins everywhere.
-        for j in 0..n_labels {
-            bias[j] = if present.contains(&j) {
+        for (j, b) in bias.iter_mut().enumerate() {
+            *b = if present.contains(&j) {
                 0.0
             } else {
                 -f64::from(ABSENT_GAP)
@@ -224,9 +224,7 @@ fn fit_weights(
     let (params, intercept) = (model.params(), model.intercept());
     let classes = model.classes();
     let low = intercept.iter().copied().fold(f64::INFINITY, f64::min);
-    for j in 0..n_labels {
-        bias[j] = low - f64::from(ABSENT_GAP);
-    }
+    bias.fill(low - f64::from(ABSENT_GAP));
     for (col, &j) in classes.iter().enumerate() {
         bias[j] = intercept[col];
         for f in 0..dim {
