@@ -13,7 +13,7 @@ DENSE_MODEL := $(DECISIO_CACHE)/models/smollm2-135m-instruct-dense
 OPENBLAS := $(wildcard /usr/lib/x86_64-linux-gnu/libopenblas.so.0)
 PORT ?= 8000
 
-.PHONY: setup serve test reference reference-logits cargo-test e2e lint bench
+.PHONY: setup serve test reference reference-logits cargo-test e2e lint bench bench-tasks
 
 setup:
 	@bash scripts/setup.sh
@@ -53,3 +53,10 @@ bench: setup
 	$(PYTHON) scripts/bench/cpu_kernels.py
 	$(PYTHON) scripts/bench/host_kernels.py
 	$(PYTHON) scripts/bench/decide.py
+	$(MAKE) bench-tasks
+
+# Task registration: choice throughput and latency, then intent heads over
+# MMLU subjects (6 draws x 10 shots), the head's fit time, the reliability PNG.
+bench-tasks: setup
+	cargo build --release --bin decisio --example task_figures
+	$(PYTHON) scripts/bench/task_registration.py

@@ -36,8 +36,12 @@ pub struct ScoreRequest {
     pub state: StateHash,
     pub prefix: Vec<u32>,
     pub questions: Vec<QuestionTokens>,
-    /// Also return each answer position's final hidden state.
+    /// Also return each answer position's hidden state: the final norm's
+    /// output, or block `hidden_layer`'s when that is set.
     pub hidden: bool,
+    /// The block whose output `hidden` returns (`None`: the final norm's);
+    /// below [`Engine::hidden_layers`].
+    pub hidden_layer: Option<usize>,
     /// How the questions share the prefix (one of [`Capabilities::modes`]).
     pub mode: MultiQuestion,
     /// Look the state up in the prefix cache and keep it there. Off for
@@ -284,6 +288,12 @@ pub trait Engine: Send + Sync + 'static {
     /// Multi-question modes and padding; the default is the MLX backend's.
     fn capabilities(&self) -> Capabilities {
         Capabilities::default()
+    }
+    /// The decoder blocks a scoring job can tap for hidden states; `None`
+    /// when the backend returns no hidden states (intent tasks are then
+    /// refused).
+    fn hidden_layers(&self) -> Option<usize> {
+        None
     }
 }
 

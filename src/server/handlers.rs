@@ -16,7 +16,7 @@ use crate::engine::EngineStatus;
 use crate::route::{
     Answer, Decision, GenerationStream, Output, State as RouteState, TokenChoice, TokenOutput,
 };
-use crate::tasks::{Deleted, TaskRecord};
+use crate::tasks::{Deleted, Kind, TaskRecord};
 
 type Result<T> = std::result::Result<T, ApiError>;
 
@@ -526,10 +526,10 @@ pub async fn detokenize(
 }
 
 fn answer_out(a: &Answer) -> AnswerOut {
-    let map = |pairs: &[(&'static str, f32)]| -> Map<String, Value> {
+    let map = |pairs: &[(String, f32)]| -> Map<String, Value> {
         pairs
             .iter()
-            .map(|&(l, v)| (l.to_string(), Value::from(v)))
+            .map(|(l, v)| (l.clone(), Value::from(*v)))
             .collect()
     };
     AnswerOut {
@@ -537,6 +537,7 @@ fn answer_out(a: &Answer) -> AnswerOut {
         letter: a.letter,
         index: a.index,
         option: a.option.clone(),
+        label: a.intent.then(|| a.option.clone()),
         probabilities: map(&a.probabilities),
         letter_logprobs: map(&a.logprobs),
         temperature: a.temperature,
@@ -583,8 +584,13 @@ pub async fn decide(
     }))
 }
 
+/// Labels of an intent answer listed in a chat decision's `top_logprobs`
+/// (the most likely first); `decisio.answer.probabilities` has them all.
+pub const MAX_INTENT_TOP_LOGPROBS: usize = 20;
+
 /// A chat completion carrying a decision: the letter as content, every
-/// option letter in `top_logprobs` with its calibrated log-probability.
+/// option letter in `top_logprobs` with its calibrated log-probability (an
+/// intent task: the label, and the most likely labels).
 async fn chat_decision(
     state: &AppState,
     body: &ChatCompletionRequest,
@@ -597,19 +603,29 @@ async fn chat_decision(
         .await?;
     let a = &decision.answers[0];
     // Sorted by probability, the earliest option first among equals.
-    let mut letters: Vec<(&'static str, f32)> = a.calibrated_logprobs.clone();
+    // (A stable sort: the earliest option first among equals.) An intent
+    // task's labels stand for the letters, the most likely
+    // MAX_INTENT_TOP_LOGPROBS of them.
+    let mut letters: Vec<(String, f32)> = a.calibrated_logprobs.clone();
     letters.sort_by(|x, y| y.1.total_cmp(&x.1));
+    if a.intent {
+        letters.truncate(MAX_INTENT_TOP_LOGPROBS);
+    }
     let top: Vec<TopLogprob> = letters
         .iter()
-        .map(|&(l, lp)| TopLogprob {
-            token: l.to_string(),
-            logprob: lp,
+        .map(|(l, lp)| TopLogprob {
+            token: l.clone(),
+            logprob: *lp,
             bytes: l.as_bytes().to_vec(),
         })
         .collect();
-    let chosen = a.calibrated_logprobs[a.top];
+    let chosen = a.calibrated_logprobs[a.top].clone();
     let completion_tokens = usize::from(!a.abstained);
-    let content = a.letter.unwrap_or_default().to_string();
+    let content = if a.intent {
+        a.option.clone().unwrap_or_default()
+    } else {
+        a.letter.unwrap_or_default().to_string()
+    };
     Ok(HttpResponse::Ok().json(ChatDecision {
         id: new_id("chatcmpl"),
         object: "chat.completion",
@@ -623,7 +639,7 @@ async fn chat_decision(
             },
             logprobs: Some(ChatLogprobs {
                 content: vec![ChatTokenLogprob {
-                    token: chosen.0.to_string(),
+                    token: chosen.0.clone(),
                     logprob: chosen.1,
                     bytes: chosen.0.as_bytes().to_vec(),
                     top_logprobs: top,
@@ -665,7 +681,12 @@ fn task_out(r: &TaskRecord) -> TaskOut {
         status: r.status,
         created: r.created,
         question: r.spec.question.clone(),
-        options: r.spec.labels.clone(),
+        options: (r.spec.kind == Kind::Choice).then(|| r.spec.labels.clone()),
+        labels: (r.spec.kind == Kind::Intent).then(|| r.spec.labels.clone()),
+        head: (r.spec.kind == Kind::Intent).then(|| TaskHeadOut {
+            layer: r.spec.head_layer.map_or(-1, |l| l as i64),
+        }),
+        draws: r.spec.draws,
         examples: r.progress.total,
         holdout: r.spec.holdout,
         seed: r.spec.seed,
@@ -684,7 +705,9 @@ pub async fn create_task(
     state: web::Data<AppState>,
 ) -> Result<HttpResponse> {
     let body: TaskRequest = read_json(&req, payload, state.limits.max_task_body_bytes).await?;
-    let (spec, examples) = validate::task(&body, &state.limits)?;
+    let layers = state.route.engine().hidden_layers();
+    let backend = state.route.engine().capabilities().name;
+    let (spec, examples) = validate::task(&body, &state.limits, layers, backend)?;
     let tasks = state.tasks.clone();
     // Writing the examples to the state folder syncs the disk: off the
     // server's threads.

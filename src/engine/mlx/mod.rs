@@ -349,14 +349,17 @@ impl Snapshot {
 }
 
 /// What identifies a question's scores on one state: its suffix, the ids
-/// read and whether hidden states were asked for.
-fn answer_key(q: &QuestionTokens, hidden: bool) -> [u8; 32] {
+/// read, whether hidden states were asked for and of which block.
+fn answer_key(q: &QuestionTokens, hidden: bool, layer: Option<usize>) -> [u8; 32] {
     let mut h = Sha256::new();
     h.update((q.suffix.len() as u64).to_le_bytes());
     for t in q.suffix.iter().chain(&q.read) {
         h.update(t.to_le_bytes());
     }
     h.update([u8::from(hidden)]);
+    if hidden {
+        h.update(layer.map_or(u64::MAX, |l| l as u64).to_le_bytes());
+    }
     h.finalize().into()
 }
 
@@ -376,6 +379,8 @@ impl Weighed for Snapshot {
 /// The MLX backend behind the [`Engine`] seam.
 pub struct MlxEngine {
     info: ModelInfo,
+    /// Decoder blocks (`num_hidden_layers` of config.json).
+    layers: Option<usize>,
     jobs: mpsc::Sender<Job>,
     depth: Arc<AtomicUsize>,
     status: Arc<Mutex<EngineStatus>>,
@@ -388,6 +393,10 @@ impl MlxEngine {
     /// Returns at once; [`Engine::status`] says when the model is ready.
     pub fn start(dir: PathBuf, options: MlxOptions) -> MlxResult<Self> {
         let info = MlxModel::describe(&dir)?;
+        let layers = loader::read_config(&dir)?
+            .get("num_hidden_layers")
+            .and_then(|v| v.as_u64())
+            .map(|v| v as usize);
         let max_queue = options.max_queue.max(1);
         let padding = options.padding;
         let (jobs, rx) = mpsc::channel(max_queue);
@@ -400,6 +409,7 @@ impl MlxEngine {
             .map_err(|e| MlxError::Config(format!("cannot start the engine thread: {e}")))?;
         Ok(MlxEngine {
             info,
+            layers,
             jobs,
             depth,
             status,
@@ -461,6 +471,10 @@ impl Engine for MlxEngine {
             padding: self.padding,
             ..Capabilities::default()
         }
+    }
+
+    fn hidden_layers(&self) -> Option<usize> {
+        self.layers
     }
 }
 
@@ -545,7 +559,7 @@ fn score(
     };
     let mut questions = Vec::with_capacity(request.questions.len());
     for q in &request.questions {
-        let key = answer_key(q, request.hidden);
+        let key = answer_key(q, request.hidden, request.hidden_layer);
         if let Some(known) = lock(&snapshot.answers).get(&key) {
             questions.push(QuestionScore {
                 seconds: 0.0,
@@ -556,7 +570,9 @@ fn score(
         }
         let started = Instant::now();
         let mut cache = snapshot.cache.clone();
-        let last = model.last_hidden(&q.suffix, &mut cache)?;
+        let tap = request.hidden_layer.filter(|_| request.hidden);
+        let taken = model.last_hidden_tap(&q.suffix, &mut cache, tap)?;
+        let last = taken.normed;
         let logits = ops::reshape(model.logits(&last)?.as_type::<f32>()?, &[-1])?;
         let norm = ops::logsumexp(&logits, false)?;
         let read: Vec<i32> = q.read.iter().map(|&t| t as i32).collect();
@@ -565,7 +581,7 @@ fn score(
         let logprobs = ops::subtract(&picked, &norm)?;
         let hidden = request
             .hidden
-            .then(|| ops::reshape(last.as_type::<f32>()?, &[-1]))
+            .then(|| ops::reshape(taken.tap.as_ref().unwrap_or(&last).as_type::<f32>()?, &[-1]))
             .transpose()?;
         let mut arrays = vec![&picked, &logprobs];
         arrays.extend(hidden.iter());
