@@ -359,3 +359,52 @@ fn vllm_errors_become_openai_errors_with_its_message() {
         2
     );
 }
+
+#[test]
+fn image_content_parts_are_passed_through_to_the_upstream_chat_route() {
+    let replay = Replay::start("logprob_token_ids.json");
+    let gw = gateway(&replay, &[]);
+    let image = json!({"type": "image_url",
+                       "image_url": {"url": "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg=="}});
+    let messages = json!([{"role": "user", "content": [
+        {"type": "text", "text": "What is in this picture?"}, image]}]);
+    let r = gw.post_json(
+        "/v1/chat/completions",
+        &json!({"model": "smollm2", "messages": messages, "max_tokens": 16, "temperature": 0}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let a = r.json();
+    assert_eq!(a["model"], "smollm2", "{a}");
+    assert_eq!(
+        a["choices"][0]["message"]["content"],
+        "A red square on a white background."
+    );
+    // What vLLM received: the messages as sent, the image part included,
+    // under the upstream's model name, with the sampling fields.
+    let sent: Vec<Received> = replay
+        .received
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|r| r.path == "/v1/chat/completions")
+        .cloned()
+        .collect();
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].body["model"], "base");
+    assert_eq!(sent[0].body["messages"], messages);
+    assert_eq!(sent[0].body["max_tokens"], 16);
+    assert_eq!(sent[0].body["temperature"], 0.0);
+    // Streaming is refused for it, and other fields are checked as usual.
+    let r = gw.post_json(
+        "/v1/chat/completions",
+        &json!({"model": "smollm2", "messages": messages, "stream": true}),
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.json()["error"]["param"], "stream");
+    let r = gw.post_json(
+        "/v1/chat/completions",
+        &json!({"model": "smollm2", "messages": messages, "n": 2}),
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.json()["error"]["param"], "n");
+}

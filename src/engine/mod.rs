@@ -106,6 +106,9 @@ pub struct Capabilities {
     pub padding: PadPolicy,
     /// The backend's name in error messages (`MLX`, `vLLM`).
     pub name: &'static str,
+    /// Chat completions with image content parts are passed through
+    /// ([`Engine::chat_passthrough`]).
+    pub images: bool,
 }
 
 impl Default for Capabilities {
@@ -114,6 +117,7 @@ impl Default for Capabilities {
             modes: vec![MultiQuestion::Sequential],
             padding: PadPolicy::None,
             name: "MLX",
+            images: false,
         }
     }
 }
@@ -285,6 +289,17 @@ pub trait Engine: Send + Sync + 'static {
     fn capabilities(&self) -> Capabilities {
         Capabilities::default()
     }
+    /// Sends a chat completion body as it is (image content parts included)
+    /// to the backend's own chat route and answers it whole. Served only
+    /// where [`Capabilities::images`] says so.
+    fn chat_passthrough(&self, body: serde_json::Value) -> Result<ChatReceiver, EngineError> {
+        let _ = body;
+        Err(EngineError::Model(
+            "image content parts are not served by this backend".into(),
+        ))
+    }
 }
+
+pub type ChatReceiver = oneshot::Receiver<Result<serde_json::Value, EngineError>>;
 
 pub type ScoreReceiver = oneshot::Receiver<Result<ScoreResult, EngineError>>;

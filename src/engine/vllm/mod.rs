@@ -34,9 +34,9 @@ use tokio::sync::{mpsc, oneshot};
 use self::pool::{Pool, Probed, Upstream, UpstreamError};
 use self::protocol::{token_id, CompletionRequest, CompletionResponse, ModelList};
 use super::{
-    Capabilities, Engine, EngineError, EngineStatus, FinishReason, GenerateEvent, GenerateRequest,
-    GenerateStream, ModelInfo, MultiQuestion, PadPolicy, QuestionScore, QuestionTokens,
-    ScoreReceiver, ScoreRequest, ScoreResult, TokenLogprobs,
+    Capabilities, ChatReceiver, Engine, EngineError, EngineStatus, FinishReason, GenerateEvent,
+    GenerateRequest, GenerateStream, ModelInfo, MultiQuestion, PadPolicy, QuestionScore,
+    QuestionTokens, ScoreReceiver, ScoreRequest, ScoreResult, TokenLogprobs,
 };
 use crate::metrics::Metrics;
 use crate::settings::UpstreamLimits;
@@ -319,8 +319,41 @@ impl Engine for VllmEngine {
             modes,
             padding: self.inner.options.padding,
             name: "vLLM",
+            images: true,
         }
     }
+
+    fn chat_passthrough(&self, body: serde_json::Value) -> Result<ChatReceiver, EngineError> {
+        let guard = self.admit()?;
+        let (reply, rx) = oneshot::channel();
+        let inner = self.inner.clone();
+        self.handle()?.spawn(async move {
+            let _guard = guard;
+            let _ = reply.send(chat_passthrough(&inner, body).await);
+        });
+        Ok(rx)
+    }
+}
+
+/// A chat completion with image parts, sent to an upstream's
+/// `/v1/chat/completions` with the upstream's model name; routed by a
+/// SHA-256 of the body, so the same request reaches the same replica.
+async fn chat_passthrough(
+    inner: &Inner,
+    body: serde_json::Value,
+) -> Result<serde_json::Value, EngineError> {
+    use sha2::{Digest, Sha256};
+    let key: [u8; 32] = Sha256::digest(body.to_string().as_bytes()).into();
+    let timeout = secs(inner.options.limits.generate_timeout_s);
+    let (_, answer): (Probed, serde_json::Value) = inner
+        .pool
+        .call_routed(&key, "/v1/chat/completions", timeout, |p| {
+            let mut b = body.clone();
+            b["model"] = serde_json::Value::String(p.model.clone());
+            b
+        })
+        .await?;
+    Ok(answer)
 }
 
 /// Asks an upstream what it serves and how it reads letters.
