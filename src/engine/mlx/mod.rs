@@ -632,11 +632,6 @@ fn host_row(a: &Array) -> MlxResult<Vec<f32>> {
     Ok(a.as_slice::<f32>().to_vec())
 }
 
-/// The longest rest of a completion prompt after a kept prompt, in
-/// `--prefill-chunk`s, that is run in one pass (as a decision runs a
-/// question's suffix, whatever its length).
-const REST_IN_ONE_PASS: usize = 4;
-
 /// The prefix cache and its index of prompts, for the generate path.
 struct Kept<'a> {
     cache: &'a PrefixCache<Snapshot>,
@@ -660,15 +655,9 @@ fn prefill_prompt(
                 prompt.len()
             );
             let mut cache = snapshot.cache.clone();
-            let rest = &prompt[len..];
-            // In one pass, as a decision runs a question's suffix, up to
-            // REST_IN_ONE_PASS chunks; a longer rest is read in chunks to
-            // bound the attention's memory.
-            let last = if rest.len() <= REST_IN_ONE_PASS * options.prefill_chunk {
-                model.last_hidden(rest, &mut cache)?
-            } else {
-                model.prefill(rest, &mut cache, options.prefill_chunk)?
-            };
+            // In one pass, as a decision runs a question's suffix (whatever
+            // its length: both are bounded by the context length).
+            let last = model.last_hidden(&prompt[len..], &mut cache)?;
             return Ok((last, cache));
         }
     }
