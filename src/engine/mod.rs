@@ -110,6 +110,9 @@ pub struct Capabilities {
     pub padding: PadPolicy,
     /// The backend's name in error messages (`MLX`, `vLLM`).
     pub name: &'static str,
+    /// Chat completions with image content parts are passed through
+    /// ([`Engine::chat_passthrough`]).
+    pub images: bool,
 }
 
 impl Default for Capabilities {
@@ -118,6 +121,7 @@ impl Default for Capabilities {
             modes: vec![MultiQuestion::Sequential],
             padding: PadPolicy::None,
             name: "MLX",
+            images: false,
         }
     }
 }
@@ -295,6 +299,18 @@ pub trait Engine: Send + Sync + 'static {
     fn hidden_layers(&self) -> Option<usize> {
         None
     }
+
+    /// Sends a chat completion body as it is (image content parts included)
+    /// to the backend's own chat route and answers it whole. Served only
+    /// where [`Capabilities::images`] says so.
+    fn chat_passthrough(&self, body: serde_json::Value) -> Result<ChatReceiver, EngineError> {
+        let _ = body;
+        Err(EngineError::Model(
+            "image content parts are not served by this backend".into(),
+        ))
+    }
 }
+
+pub type ChatReceiver = oneshot::Receiver<Result<serde_json::Value, EngineError>>;
 
 pub type ScoreReceiver = oneshot::Receiver<Result<ScoreResult, EngineError>>;

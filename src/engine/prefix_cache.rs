@@ -95,6 +95,12 @@ impl<V: Weighed + Send + Sync + 'static> PrefixCache<V> {
         found
     }
 
+    /// The state for `key` without counting a hit or a miss (the metrics
+    /// count decisions' state look-ups; completions look up prompts).
+    pub fn peek(&self, key: &StateHash) -> Option<Arc<V>> {
+        self.cache.as_ref().and_then(|c| c.get(key))
+    }
+
     /// Keeps `value` unless it alone is over the budget; returns whether it
     /// was stored. Evictions happen before this returns.
     pub fn insert(&self, key: StateHash, value: Arc<V>) -> bool {

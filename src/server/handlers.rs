@@ -12,7 +12,7 @@ use super::error::ApiError;
 use super::types::*;
 use super::validate::{self, PromptInput};
 use super::{unix_now, AppState};
-use crate::engine::EngineStatus;
+use crate::engine::{EngineError, EngineStatus};
 use crate::route::{
     Answer, Decision, GenerationStream, Output, State as RouteState, TokenChoice, TokenOutput,
 };
@@ -142,6 +142,26 @@ where
         .streaming(body)
 }
 
+/// A chat completion with image content parts, passed through to the
+/// backend (the vLLM backend sends it to an upstream's chat route) and
+/// answered with the upstream's completion under this server's model name.
+async fn chat_images(state: &AppState, body: &ChatCompletionRequest) -> Result<HttpResponse> {
+    let forwarded = validate::chat_passthrough(body, &state.limits)?;
+    let rx = state
+        .route
+        .engine()
+        .chat_passthrough(forwarded)
+        .map_err(ApiError::from)?;
+    let mut answer = rx
+        .await
+        .map_err(|_| ApiError::from(EngineError::Stopped))?
+        .map_err(ApiError::from)?;
+    if let Some(o) = answer.as_object_mut() {
+        o.insert("model".into(), Value::String(state.model_name.clone()));
+    }
+    Ok(HttpResponse::Ok().json(answer))
+}
+
 pub async fn chat_completions(
     req: HttpRequest,
     payload: web::Payload,
@@ -151,6 +171,9 @@ pub async fn chat_completions(
     state.check_model(body.model.as_deref())?;
     if let Some(d) = &body.decisio {
         return chat_decision(&state, &body, d).await;
+    }
+    if validate::has_image_parts(&body.messages) && state.route.engine().capabilities().images {
+        return chat_images(&state, &body).await;
     }
     let job = validate::chat(&body, &state.limits)?;
     let route = &state.route;

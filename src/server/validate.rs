@@ -188,6 +188,80 @@ fn flatten_content(content: &Value, i: usize) -> Result<Value, ApiError> {
     }
 }
 
+/// Whether any message has an image content part.
+pub fn has_image_parts(messages: &[Value]) -> bool {
+    messages.iter().any(|m| {
+        m.get("content")
+            .and_then(Value::as_array)
+            .is_some_and(|parts| {
+                parts.iter().any(|p| {
+                    matches!(
+                        p.get("type").and_then(Value::as_str),
+                        Some("image_url" | "input_image" | "image")
+                    )
+                })
+            })
+    })
+}
+
+/// A chat completion with image content parts, for a backend that passes
+/// them through to its upstream's chat route: every field is checked as
+/// for any chat completion (the image parts aside; the upstream checks
+/// those), it is answered whole (no `stream`), and the body sent upstream
+/// carries the messages as the client sent them and the sampling fields it
+/// gave.
+pub fn chat_passthrough(req: &ChatCompletionRequest, limits: &Limits) -> Result<Value, ApiError> {
+    if req.stream {
+        return Err(ApiError::invalid(
+            "stream",
+            "a chat completion with image content parts is answered whole; send it without \
+             `stream`",
+        ));
+    }
+    let mut text_only = req.clone();
+    for m in &mut text_only.messages {
+        if let Some(parts) = m.get_mut("content").and_then(Value::as_array_mut) {
+            parts.retain(|p| p.get("type").and_then(Value::as_str) == Some("text"));
+        }
+    }
+    chat(&text_only, limits)?;
+    let mut body = Map::new();
+    body.insert("messages".into(), Value::Array(req.messages.clone()));
+    let fields: [(&str, Option<Value>); 10] = [
+        ("max_tokens", req.max_tokens.map(Value::from)),
+        (
+            "max_completion_tokens",
+            req.max_completion_tokens.map(Value::from),
+        ),
+        ("temperature", req.temperature.map(Value::from)),
+        ("top_p", req.top_p.map(Value::from)),
+        ("seed", req.seed.map(Value::from)),
+        (
+            "stop",
+            stops(&req.stop, limits)
+                .ok()
+                .filter(|s| !s.is_empty())
+                .map(Value::from),
+        ),
+        ("logprobs", req.logprobs.then_some(Value::Bool(true))),
+        ("top_logprobs", req.top_logprobs.map(Value::from)),
+        (
+            "chat_template_kwargs",
+            req.chat_template_kwargs.clone().map(Value::Object),
+        ),
+        ("ignore_eos", req.ignore_eos.then_some(Value::Bool(true))),
+    ];
+    for (k, v) in fields {
+        if let Some(v) = v {
+            body.insert(k.into(), v);
+        }
+    }
+    if let Some(g) = req.add_generation_prompt {
+        body.insert("add_generation_prompt".into(), Value::Bool(g));
+    }
+    Ok(Value::Object(body))
+}
+
 /// Checks chat messages and returns them as the template takes them.
 pub fn messages(messages: &[Value]) -> Result<Vec<Value>, ApiError> {
     if messages.is_empty() {
