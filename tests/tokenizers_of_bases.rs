@@ -71,6 +71,7 @@ fn mmlu_questions(n: usize) -> Vec<Question> {
                 options: vec![s("answer_a"), s("answer_b"), s("answer_c"), s("answer_d")],
                 abstain_below: None,
                 temperature: None,
+                head: None,
             }
         })
         .collect()
