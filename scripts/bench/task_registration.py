@@ -1,7 +1,8 @@
 """Benchmark: task registration on the engine next to serving.
 
 Usage: python scripts/bench/task_registration.py [--examples 120] [--decisions 80]
-           [--only choice|intent] [--shots 10] [--draws 6] [--holdout-per-label 4]
+           [--only choice|intent] [--shots 10] [--draws 6] [--fit-per-label 20]
+           [--holdout-per-label 4]
 
 On the fixture model, with MMLU questions as states (the question and its
 four answers lettered, the task asking which letter is correct):
@@ -15,7 +16,8 @@ four answers lettered, the task asking which letter is correct):
       while a registration of the same examples runs: p50 and p99.
 Intent heads (`--only intent`, or after the above): an intent task over
 MMLU's 57 subjects ("which subject is this question from?"), per subject
-`shots + holdout-per-label` questions:
+`fit-per-label + holdout-per-label` questions (draws sample `shots` of the
+`fit-per-label`; with `fit-per-label == shots` every draw is the same set):
   (4) plain forward throughput on the first 114 of those examples (one
       decision each) against the intent registration's scoring throughput
       on all of them (the task's progress rate), and its ratio;
@@ -116,7 +118,7 @@ def figures_example(*args):
 
 
 def intent(args):
-    per = args.shots + args.holdout_per_label
+    per = args.fit_per_label + args.holdout_per_label
     labels, examples = subject_examples(per)
     holdout = args.holdout_per_label / per
     out = common.run_dir("task-registration")
@@ -162,6 +164,7 @@ def intent(args):
     reg_rate = task["progress"]["rate"]
     results = {
         "examples": len(examples), "labels": len(labels), "shots": args.shots,
+        "fit_per_label": args.fit_per_label,
         "draws": args.draws, "holdout_per_label": args.holdout_per_label,
         "plain_forward_examples_per_second": plain_rate,
         "registration_scoring_examples_per_second": reg_rate,
@@ -228,6 +231,7 @@ def main():
     ap.add_argument("--shots", type=int, default=10)
     ap.add_argument("--draws", type=int, default=6)
     ap.add_argument("--holdout-per-label", type=int, default=4)
+    ap.add_argument("--fit-per-label", type=int, default=20)
     args = ap.parse_args()
     if args.only != "intent":
         choice(args)
