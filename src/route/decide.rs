@@ -8,7 +8,9 @@ use std::time::Instant;
 use serde_json::{Map, Value};
 
 use super::{RouteError, TextRoute};
-use crate::engine::{MultiQuestion, PadPolicy, QuestionTokens, ScoreRequest, StateHash};
+use crate::engine::{
+    MultiQuestion, PadPolicy, QuestionScore, QuestionTokens, ScoreRequest, StateHash,
+};
 use crate::prompt::ChatTemplate;
 use crate::tasks::head::Head;
 
@@ -471,26 +473,7 @@ impl TextRoute {
     /// reads them, without the prefix cache and without serving metrics
     /// (task registration scores its examples with it).
     pub async fn readout(&self, state: State, question: Question) -> Result<Vec<f32>, RouteError> {
-        let questions = [question];
-        let (prefix, tokens) = self.prepare(&state, &questions)?;
-        let hash = self.state_hash(&prefix);
-        let receiver = self.engine().score(ScoreRequest {
-            state: hash,
-            prefix,
-            questions: tokens,
-            hidden: false,
-            hidden_layer: None,
-            mode: MultiQuestion::Sequential,
-            cache: false,
-        })?;
-        let mut result = receiver
-            .await
-            .map_err(|_| RouteError::Engine(crate::engine::EngineError::Stopped))??;
-        result
-            .questions
-            .pop()
-            .map(|q| q.logits)
-            .ok_or(RouteError::Engine(crate::engine::EngineError::Stopped))
+        Ok(self.score_alone(state, question, false, None).await?.logits)
     }
 
     /// The hidden state at the answer position of `question` on `state`
@@ -503,6 +486,22 @@ impl TextRoute {
         question: Question,
         layer: Option<usize>,
     ) -> Result<Vec<f32>, RouteError> {
+        self.score_alone(state, question, true, layer)
+            .await?
+            .hidden
+            .ok_or(RouteError::Engine(crate::engine::EngineError::Model(
+                "the backend returned no hidden state".into(),
+            )))
+    }
+
+    /// One question on a state, scored outside the prefix cache.
+    async fn score_alone(
+        &self,
+        state: State,
+        question: Question,
+        hidden: bool,
+        hidden_layer: Option<usize>,
+    ) -> Result<QuestionScore, RouteError> {
         let questions = [question];
         let (prefix, tokens) = self.prepare(&state, &questions)?;
         let hash = self.state_hash(&prefix);
@@ -510,8 +509,8 @@ impl TextRoute {
             state: hash,
             prefix,
             questions: tokens,
-            hidden: true,
-            hidden_layer: layer,
+            hidden,
+            hidden_layer,
             mode: MultiQuestion::Sequential,
             cache: false,
         })?;
@@ -521,10 +520,7 @@ impl TextRoute {
         result
             .questions
             .pop()
-            .and_then(|q| q.hidden)
-            .ok_or(RouteError::Engine(crate::engine::EngineError::Model(
-                "the backend returned no hidden state".into(),
-            )))
+            .ok_or(RouteError::Engine(crate::engine::EngineError::Stopped))
     }
 
     /// The answer from the letters' logits: temperature (the request's, else

@@ -26,7 +26,7 @@ use serde_json::Value;
 
 use super::cache::{DeltaCache, KvCache, LayerCache, ModelCache};
 use super::host;
-use super::layers::{Embedding, Linear, RmsNorm};
+use super::layers::{self, Embedding, Linear, RmsNorm};
 use super::loader::{Quant, Weights};
 use super::{Architecture, LastHidden};
 use super::{MlxError, MlxResult};
@@ -574,15 +574,7 @@ impl Experts {
     fn load(w: &Weights, name: &str) -> MlxResult<Self> {
         match w.quant(name) {
             Some(quant) if w.options.dequantize => {
-                let dense = ops::dequantize(
-                    w.take(&format!("{name}.weight"))?,
-                    w.take(&format!("{name}.scales"))?,
-                    &w.take(&format!("{name}.biases"))?,
-                    quant.group_size,
-                    quant.bits,
-                )?;
-                dense.eval()?;
-                Ok(Experts::Dense(dense))
+                Ok(Experts::Dense(layers::dequantized(w, name, quant)?))
             }
             Some(quant) => Ok(Experts::Quantized {
                 weight: w.take(&format!("{name}.weight"))?,
