@@ -8,7 +8,7 @@
 //!
 //! Completions reuse prefilled prompts as vLLM's automatic prefix cache
 //! does: every state a decision prefilled and every completion prompt is
-//! kept in the prefix cache and listed in a [`PromptIndex`] by its token
+//! kept in the prefix cache and listed in a `PromptIndex` by its token
 //! ids; a completion whose prompt starts with a kept prompt continues from
 //! its snapshot and runs only the rest. The prefix is then computed exactly
 //! as a decision computes its state (the same chunks from position 0) and
