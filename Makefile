@@ -13,7 +13,7 @@ DENSE_MODEL := $(DECISIO_CACHE)/models/smollm2-135m-instruct-dense
 OPENBLAS := $(wildcard /usr/lib/x86_64-linux-gnu/libopenblas.so.0)
 PORT ?= 8000
 
-.PHONY: setup serve test reference reference-logits cargo-test e2e lint bench
+.PHONY: setup serve test reference reference-logits cargo-test e2e lint bench bench-tasks
 
 setup:
 	@bash scripts/setup.sh
@@ -30,6 +30,8 @@ reference: setup
 	@test -f $(DENSE_MODEL)/config.json || $(PYTHON) -m mlx_lm convert --hf-path $(DECISIO_MODEL) --mlx-path $(DENSE_MODEL) --dequantize >/dev/null
 	@LD_PRELOAD=$(OPENBLAS) $(PYTHON) scripts/reference/decisions.py $(DENSE_MODEL) $(DECISIO_REFERENCE_DIR)
 	@$(PYTHON) scripts/reference/prompts.py $(DECISIO_REFERENCE_DIR) $(DECISIO_MODEL) $(DECISIO_ASSETS)/qwen3 $(DECISIO_ASSETS)/gemma3
+	@test -f $(DECISIO_REFERENCE_DIR)/qwen3_6/tokenizer.json || $(PYTHON) scripts/reference/qwen3_6_tokenizer.py $(DECISIO_REFERENCE_DIR)/qwen3_6
+	@$(PYTHON) scripts/reference/tiny_models.py $(DECISIO_REFERENCE_DIR) qwen3_5 qwen3_5_moe
 	@$(PYTHON) scripts/reference/tiny_gemma4.py $(DECISIO_REFERENCE_DIR)/tiny
 
 reference-logits: setup
@@ -52,3 +54,10 @@ bench: setup
 	$(PYTHON) scripts/bench/cpu_kernels.py
 	$(PYTHON) scripts/bench/host_kernels.py
 	$(PYTHON) scripts/bench/decide.py
+	$(MAKE) bench-tasks
+
+# Task registration: choice throughput and latency, then intent heads over
+# MMLU subjects (6 draws x 10 shots), the head's fit time, the reliability PNG.
+bench-tasks: setup
+	cargo build --release --bin decisio --example task_figures
+	$(PYTHON) scripts/bench/task_registration.py

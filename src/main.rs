@@ -8,9 +8,11 @@ use std::sync::Arc;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use decisio::bases::{self, Base, BaseArg, BaseError};
 use decisio::engine::mlx::{LoadOptions, MlxEngine, MlxOptions};
 use decisio::engine::vllm::{MethodChoice, VllmEngine, VllmOptions};
 use decisio::engine::{Engine, EngineStatus, MultiQuestion, PadPolicy};
+use decisio::hub::{self, Wanted};
 use decisio::metrics::Metrics;
 use decisio::prompt::{ChatTemplate, TextTokenizer};
 use decisio::route::{RouteConfig, TextRoute};
@@ -94,15 +96,28 @@ struct ServeArgs {
     /// The backend that runs the model.
     #[arg(long, value_enum, default_value = "mlx")]
     backend: Backend,
-    /// The MLX conversion: a local folder, or a Hugging Face repository id
-    /// already in the Hugging Face cache. With `--backend vllm`: the folder
-    /// whose tokenizer, chat template and config.json build the prompts.
+    /// The base whose settings apply: a name (`decisio serve --help` lists
+    /// them; `custom` for a model outside the bases), or a repository whose
+    /// config.json says which base it is. Default: inferred from the
+    /// conversion's config.json.
     #[arg(long)]
-    model: String,
-    /// A folder with tokenizer.json and tokenizer_config.json to build
-    /// prompts with (default: the model's own).
+    base: Option<String>,
+    /// The MLX conversion: a local folder, or a Hugging Face repository
+    /// `org/name[@revision]` (taken from the Hugging Face cache, downloaded
+    /// when missing; default: the base's default conversion). With
+    /// `--backend vllm`: the model whose tokenizer, chat template and
+    /// config.json build the prompts.
+    #[arg(long)]
+    model: Option<String>,
+    /// A folder or a repository `org/name[@revision]` with tokenizer.json
+    /// and tokenizer_config.json to build prompts with (default: the base's
+    /// official tokenizer, else the
+    /// model's own).
     #[arg(long)]
     tokenizer: Option<String>,
+    /// LoRA adapters are not served: refused with what to do instead.
+    #[arg(long, hide = true)]
+    lora: Vec<String>,
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
     #[arg(long, default_value_t = 8000)]
@@ -123,9 +138,9 @@ struct ServeArgs {
     #[arg(long, default_value_t = Limits::default().prefill_chunk, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     prefill_chunk: usize,
     /// Budget of the prefix cache (states kept across requests), in MiB; 0
-    /// turns it off.
-    #[arg(long, default_value_t = Limits::default().prefix_cache_mib)]
-    prefix_cache_mb: u64,
+    /// turns it off. Default: the base's (2,048 where no base applies).
+    #[arg(long)]
+    prefix_cache_mb: Option<u64>,
     /// Expand quantized weights into dense ones at load: `auto` does on the
     /// CPU (where MLX's quantized kernels are slow) and not on Metal.
     #[arg(long, value_enum, default_value = "auto")]
@@ -202,6 +217,10 @@ struct UpstreamArgs {
     /// First backoff before a retry, in milliseconds (doubles each time).
     #[arg(long, default_value_t = UpstreamLimits::default().backoff_ms)]
     upstream_backoff_ms: u64,
+    /// A second engine in pooling mode whose hidden states feed task heads
+    /// (the second-engine head of the vLLM backend).
+    #[arg(long)]
+    head_upstream: Option<String>,
     /// Questions of one request in flight at once in `warm` mode.
     #[arg(long, default_value_t = UpstreamLimits::default().fan_out, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1024))]
     fan_out: usize,
@@ -219,36 +238,6 @@ fn main() -> Result<()> {
         Command::Convert(args) => decisio::convert::run(args),
         Command::Register(args) => decisio::register::run(args),
     }
-}
-
-/// A local folder, or a repository id found in the Hugging Face cache.
-fn resolve_model(spec: &str) -> Result<PathBuf> {
-    let path = Path::new(spec);
-    if path.is_dir() {
-        return Ok(path.to_path_buf());
-    }
-    if let Some((org, name)) = spec.split_once('/') {
-        if !org.is_empty() && !name.is_empty() && !name.contains('/') {
-            let home = std::env::var_os("HF_HOME")
-                .map(PathBuf::from)
-                .or_else(|| {
-                    std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/huggingface"))
-                })
-                .unwrap_or_default();
-            let repo = home.join("hub").join(format!("models--{org}--{name}"));
-            let revision = std::fs::read_to_string(repo.join("refs/main")).unwrap_or_default();
-            let snapshot = repo.join("snapshots").join(revision.trim());
-            if !revision.trim().is_empty() && snapshot.is_dir() {
-                return Ok(snapshot);
-            }
-            bail!(
-                "`{spec}` is neither a folder nor a repository in the Hugging Face cache ({}); \
-                 download it first (for example `hf download {spec}`) or pass a local folder",
-                repo.display()
-            );
-        }
-    }
-    bail!("--model `{spec}` is not a folder; pass an MLX conversion folder")
 }
 
 /// A SHA-256 digest of files' contents (absent files count as empty).
@@ -290,12 +279,97 @@ fn stop_token_ids(model: &Path, tokenizer: &TextTokenizer, template: &ChatTempla
     ids
 }
 
-fn serve(args: ServeArgs) -> Result<()> {
-    let model_dir = resolve_model(&args.model)?;
-    let tokenizer_dir = match &args.tokenizer {
-        Some(t) => resolve_model(t)?,
-        None => model_dir.clone(),
+/// Reads a conversion's config.json (an empty object when it has none,
+/// which the engine then reports).
+fn read_config(dir: &Path) -> serde_json::Value {
+    std::fs::read_to_string(dir.join("config.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or_else(|| serde_json::json!({}))
+}
+
+/// The base, the conversion folder and the tokenizer folder of a `serve`.
+fn choose_base(args: &ServeArgs) -> Result<(Option<&'static Base>, String, PathBuf, PathBuf)> {
+    let mlx = matches!(args.backend, Backend::Mlx);
+    if !args.lora.is_empty() {
+        bail!(
+            "LoRA adapters are not served (--lora {}): merge the adapter into the weights \
+             (for example `mlx_lm.fuse`) and pass the merged conversion with --model",
+            args.lora.join(", ")
+        );
+    }
+    if let Some(url) = &args.upstream.head_upstream {
+        if mlx {
+            bail!(
+                "--head-upstream {url}: the MLX backend refuses a second-engine head; it \
+                 applies task heads to its own hidden states. A head upstream serves the \
+                 vLLM backend (--backend vllm)"
+            );
+        }
+        bail!(
+            "--head-upstream {url}: the second-engine head is not served yet; intent tasks \
+             need --backend mlx"
+        );
+    }
+    let arg = BaseArg::parse(args.base.as_deref());
+    let base_config = match &arg {
+        BaseArg::Checkpoint(repo) => Some(read_config(&hub::resolve(repo, None, Wanted::Config)?)),
+        _ => None,
     };
+    let named = match &arg {
+        BaseArg::Named(n) => {
+            Some(bases::by_name(n).ok_or_else(|| BaseError::UnknownName(n.clone()))?)
+        }
+        _ => None,
+    };
+    let model = match &args.model {
+        Some(m) => m.clone(),
+        None => named
+            .unwrap_or_else(bases::default_base)
+            .default_conversion()
+            .repository
+            .to_string(),
+    };
+    // The refusals need config.json alone: a refused conversion's weights
+    // are never downloaded.
+    let config = read_config(&hub::resolve(&model, None, Wanted::Config)?);
+    let base = bases::choose(&arg, &model, &config, base_config.as_ref(), mlx)?;
+    let model_dir = hub::resolve(&model, None, Wanted::Model)?;
+    let tokenizer_dir = match (&args.tokenizer, base) {
+        (Some(t), _) => hub::resolve(t, None, Wanted::Tokenizer)?,
+        (None, Some(b)) => {
+            let source = b.tokenizer;
+            let spec = match source.revision {
+                Some(rev) => format!("{}@{rev}", source.repository),
+                None => source.repository.to_string(),
+            };
+            hub::resolve(source.repository, source.revision, Wanted::Tokenizer).with_context(
+                || {
+                    format!(
+                        "base {} builds prompts with {spec}'s tokenizer and chat template; \
+                     pass --tokenizer FOLDER to use another",
+                        b.name
+                    )
+                },
+            )?
+        }
+        (None, None) => model_dir.clone(),
+    };
+    match base {
+        Some(b) => tracing::info!(base = b.name, model = %model, "serving a base"),
+        None => {
+            tracing::info!(model = %model, "serving a model outside the bases, with the generic settings")
+        }
+    }
+    Ok((base, model, model_dir, tokenizer_dir))
+}
+
+fn serve(args: ServeArgs) -> Result<()> {
+    let (base, model, model_dir, tokenizer_dir) = choose_base(&args)?;
+    let prefix_cache_mb = args
+        .prefix_cache_mb
+        .or(base.map(|b| b.prefix_cache_mib))
+        .unwrap_or(Limits::default().prefix_cache_mib);
     let tokenizer = TextTokenizer::from_file(tokenizer_dir.join("tokenizer.json"))
         .with_context(|| format!("loading the tokenizer of {}", tokenizer_dir.display()))?;
     let template = ChatTemplate::from_tokenizer_config(tokenizer_dir.join("tokenizer_config.json"))
@@ -306,6 +380,7 @@ fn serve(args: ServeArgs) -> Result<()> {
         max_body_bytes: (args.max_body_mb as usize) << 20,
         max_task_body_bytes: (args.max_task_body_mb as usize) << 20,
         prefill_chunk: args.prefill_chunk,
+        prefix_cache_mib: prefix_cache_mb,
         ..Limits::default()
     };
     let metrics = Arc::new(Metrics::new());
@@ -324,7 +399,7 @@ fn serve(args: ServeArgs) -> Result<()> {
                     dequantize: args.dequantize.or(LoadOptions::default().dequantize),
                     host_kernels: args.host_kernels.or(LoadOptions::default().host_kernels),
                 },
-                prefix_cache_mib: args.prefix_cache_mb,
+                prefix_cache_mib: prefix_cache_mb,
                 metrics: metrics.clone(),
                 max_queue: limits.max_queue,
                 prefill_chunk: limits.prefill_chunk,
@@ -386,7 +461,7 @@ fn serve(args: ServeArgs) -> Result<()> {
         }
     };
     let stops = stop_token_ids(&model_dir, &tokenizer, &template);
-    let model_name = args.served_model_name.unwrap_or_else(|| args.model.clone());
+    let model_name = args.served_model_name.unwrap_or_else(|| model.clone());
     let config = RouteConfig {
         stop_token_ids: stops,
         limits: limits.clone(),
@@ -396,6 +471,7 @@ fn serve(args: ServeArgs) -> Result<()> {
             tokenizer_dir.join("tokenizer_config.json"),
         ]),
         default_temperature: limits.letter_temperature,
+        base,
         metrics,
     };
     let route = TextRoute::new(engine, tokenizer, template, config)
@@ -415,7 +491,7 @@ fn serve(args: ServeArgs) -> Result<()> {
     let state = AppState::new(
         route,
         model_name,
-        args.model.clone(),
+        model.clone(),
         args.api_key,
         limits,
         tasks,

@@ -29,6 +29,7 @@ pub struct Metrics {
     pub prefix_cache_evictions: IntCounter,
     pub prefix_cache_bytes: IntGauge,
     pub prefix_cache_entries: IntGauge,
+    pub prefix_cache_capacity: IntGauge,
     pub abstentions: IntCounter,
     pub queue_depth: IntGauge,
     pub http_requests: IntCounterVec,
@@ -95,6 +96,10 @@ impl Metrics {
             prefix_cache_entries: gauge(
                 "decisio_prefix_cache_entries",
                 "States held by the prefix cache.",
+            ),
+            prefix_cache_capacity: gauge(
+                "decisio_prefix_cache_capacity_bytes",
+                "Budget of the prefix cache in bytes (--prefix-cache-mb; 0: off).",
             ),
             abstentions: counter(
                 "decisio_abstentions_total",
@@ -198,6 +203,7 @@ impl Metrics {
             Box::new(self.prefix_cache_evictions.clone()),
             Box::new(self.prefix_cache_bytes.clone()),
             Box::new(self.prefix_cache_entries.clone()),
+            Box::new(self.prefix_cache_capacity.clone()),
             Box::new(self.abstentions.clone()),
             Box::new(self.queue_depth.clone()),
             Box::new(self.http_requests.clone()),

@@ -2,6 +2,11 @@
 //! server, shows the registration's progress as a bar, and prints the
 //! fitted figures. A plain HTTP/1.1 client over a TCP stream (`http://`
 //! only: the server speaks plain HTTP).
+//!
+//! `--format csv` (BANKING77's `text,label` with a header) and `--format
+//! clinc` (clinc_oos's `{"train": [[text, label], ...], "val": ..., ...}`)
+//! read intent data sets as they are published and build the body of an
+//! intent task from them and the flags (`--name`, `--question`, ...).
 
 use std::io::{BufRead, BufReader, IsTerminal, Read, Write};
 use std::net::TcpStream;
@@ -11,11 +16,52 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
 
+/// What `decisio register` reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// The registration body, as `POST /v1/tasks` takes it.
+    Json,
+    /// `text,label` rows after a header line (BANKING77's CSV files).
+    Csv,
+    /// clinc_oos's JSON: `[text, label]` pairs under `train`, `val`,
+    /// `test`, `oos_train`, ... (`--split` picks the parts).
+    Clinc,
+}
+
 /// The arguments of `decisio register`.
 #[derive(clap::Args)]
 pub struct RegisterArgs {
-    /// The registration body (JSON), as `POST /v1/tasks` takes it.
+    /// The registration body (JSON), or a data set file (`--format`).
     pub file: PathBuf,
+    /// How to read FILE.
+    #[arg(long, value_enum, default_value = "json")]
+    pub format: Format,
+    /// The task's name (`csv`, `clinc`).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// The question each text is asked with (`csv`, `clinc`).
+    #[arg(long, default_value = "What does the customer want?")]
+    pub question: String,
+    /// The clinc_oos parts read, comma-separated.
+    #[arg(long, default_value = "train")]
+    pub split: String,
+    /// Share of the examples held out (`csv`, `clinc`).
+    #[arg(long)]
+    pub holdout: Option<f64>,
+    #[arg(long)]
+    pub seed: Option<i64>,
+    /// The head's layer (-1: the final norm's output).
+    #[arg(long, allow_hyphen_values = true)]
+    pub layer: Option<i64>,
+    /// Heads fitted on draws of `--shots` examples per label.
+    #[arg(long)]
+    pub draws: Option<i64>,
+    #[arg(long)]
+    pub shots: Option<i64>,
+    /// Print the registration body built from FILE and exit (nothing is
+    /// sent).
+    #[arg(long)]
+    pub print_body: bool,
     /// The server's base URL.
     #[arg(long, default_value = "http://127.0.0.1:8000")]
     pub server: String,
@@ -154,13 +200,160 @@ fn figures_line(label: &str, f: &Value) -> String {
     )
 }
 
+/// Fields of a CSV line: commas split, double quotes quote (`""` is a
+/// quote inside a quoted field).
+fn csv_fields(line: &str) -> Vec<String> {
+    let mut fields = vec![String::new()];
+    let mut quoted = false;
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        let field = fields.last_mut().expect("one field");
+        match (c, quoted) {
+            ('"', true) if chars.peek() == Some(&'"') => {
+                chars.next();
+                field.push('"');
+            }
+            ('"', true) => quoted = false,
+            ('"', false) if field.is_empty() => quoted = true,
+            (',', false) => fields.push(String::new()),
+            (c, _) => field.push(c),
+        }
+    }
+    fields
+}
+
+/// (text, label) rows of a `text,label` CSV file with a header. A quoted
+/// text may span lines.
+pub fn read_csv(text: &str) -> Result<Vec<(String, String)>> {
+    let mut records: Vec<String> = Vec::new();
+    let mut open = String::new();
+    for line in text.lines() {
+        if !open.is_empty() {
+            open.push('\n');
+        }
+        open.push_str(line);
+        // A record ends where its quotes balance.
+        if open.matches('"').count().is_multiple_of(2) {
+            records.push(std::mem::take(&mut open));
+        }
+    }
+    if !open.is_empty() {
+        bail!("the CSV file ends inside a quoted field");
+    }
+    let mut rows = records.into_iter().filter(|r| !r.trim().is_empty());
+    let header = rows.next().context("the CSV file is empty")?;
+    let names = csv_fields(&header);
+    let col = |n: &str| names.iter().position(|h| h.trim() == n);
+    let (Some(t), Some(l)) = (col("text"), col("label")) else {
+        bail!("the CSV header must name `text` and `label` columns; got `{header}`");
+    };
+    rows.enumerate()
+        .map(|(i, r)| {
+            let f = csv_fields(&r);
+            match (f.get(t), f.get(l)) {
+                (Some(text), Some(label)) => Ok((text.clone(), label.trim().to_string())),
+                _ => bail!(
+                    "CSV line {} has {} fields; the header has {}",
+                    i + 2,
+                    f.len(),
+                    names.len()
+                ),
+            }
+        })
+        .collect()
+}
+
+/// (text, label) pairs of the clinc_oos JSON parts named in `split`.
+pub fn read_clinc(text: &str, split: &str) -> Result<Vec<(String, String)>> {
+    let v: Value = serde_json::from_str(text).context("the clinc file is not JSON")?;
+    let mut rows = Vec::new();
+    for part in split.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let items = v[part].as_array().with_context(|| {
+            let parts: Vec<&str> = v
+                .as_object()
+                .map(|o| o.keys().map(String::as_str).collect())
+                .unwrap_or_default();
+            format!(
+                "the clinc file has no part `{part}`; it has {}",
+                parts.join(", ")
+            )
+        })?;
+        for (i, item) in items.iter().enumerate() {
+            match item.as_array().map(|a| a.as_slice()) {
+                Some([Value::String(t), Value::String(l)]) => rows.push((t.clone(), l.clone())),
+                _ => bail!("{part}[{i}] is not a [text, label] pair"),
+            }
+        }
+    }
+    Ok(rows)
+}
+
+/// The body of an intent registration from (text, label) rows: the labels
+/// in order of first appearance.
+pub fn intent_body(args: &RegisterArgs, rows: &[(String, String)]) -> Result<Value> {
+    let name = args
+        .name
+        .as_deref()
+        .context("--name is needed to register a data set file")?;
+    let mut labels: Vec<&str> = Vec::new();
+    for (_, l) in rows {
+        if !labels.contains(&l.as_str()) {
+            labels.push(l);
+        }
+    }
+    let examples: Vec<Value> = rows
+        .iter()
+        .map(|(t, l)| serde_json::json!({"state": t, "label": l}))
+        .collect();
+    let mut body = serde_json::json!({
+        "name": name,
+        "kind": "intent",
+        "question": args.question,
+        "labels": labels,
+        "examples": examples,
+    });
+    let o = body.as_object_mut().expect("an object");
+    if let Some(h) = args.holdout {
+        o.insert("holdout".into(), h.into());
+    }
+    if let Some(s) = args.seed {
+        o.insert("seed".into(), s.into());
+    }
+    if let Some(l) = args.layer {
+        o.insert("head".into(), serde_json::json!({ "layer": l }));
+    }
+    if let Some(d) = args.draws {
+        o.insert("draws".into(), d.into());
+    }
+    if let Some(s) = args.shots {
+        o.insert("shots".into(), s.into());
+    }
+    Ok(body)
+}
+
+/// The registration body FILE gives, as `--format` says.
+fn body_of(args: &RegisterArgs) -> Result<Vec<u8>> {
+    let raw = std::fs::read(&args.file)
+        .with_context(|| format!("cannot read {}", args.file.display()))?;
+    let rows = match args.format {
+        Format::Json => return Ok(raw),
+        Format::Csv => read_csv(&String::from_utf8_lossy(&raw))?,
+        Format::Clinc => read_clinc(&String::from_utf8_lossy(&raw), &args.split)?,
+    };
+    Ok(serde_json::to_vec(&intent_body(args, &rows)?)?)
+}
+
 /// Registers the task, follows it to its end, prints the figures. Fails
 /// when the registration is refused, fails or is cancelled.
 pub fn run(args: RegisterArgs) -> Result<()> {
+    let body = body_of(&args)?;
+    if args.print_body {
+        std::io::stdout().write_all(&body)?;
+        println!();
+        return Ok(());
+    }
     let addr = authority(&args.server)?;
     let key = args.api_key.as_deref();
-    let body = std::fs::read(&args.file)
-        .with_context(|| format!("cannot read {}", args.file.display()))?;
     let reply = request(&addr, key, "POST", "/v1/tasks", Some(&body))?;
     if reply.status != 202 {
         bail!("the server refused the registration: {}", error_of(&reply));
@@ -213,9 +406,27 @@ pub fn run(args: RegisterArgs) -> Result<()> {
         r["holdout_examples"],
         r["seconds"].as_f64().unwrap_or(f64::NAN)
     );
+    if let Some(h) = r["head"].as_object() {
+        println!(
+            "intent head: layer {}, C = {}, {} features",
+            h["layer"], h["c"], h["dim"]
+        );
+    }
     println!("holdout figures:");
     println!("{}", figures_line("before", &r["before"]));
     println!("{}", figures_line("after", &r["after"]));
+    let d = &r["draws"];
+    if d.is_object() {
+        println!(
+            "{} draws of {} shots per label: accuracy {:.4} ± {:.4}, ECE {:.4} ± {:.4}",
+            d["draws"],
+            d["shots"],
+            d["accuracy_mean"].as_f64().unwrap_or(f64::NAN),
+            d["accuracy_sd"].as_f64().unwrap_or(f64::NAN),
+            d["ece_mean"].as_f64().unwrap_or(f64::NAN),
+            d["ece_sd"].as_f64().unwrap_or(f64::NAN),
+        );
+    }
     let a = &r["abstention"];
     if a.is_object() {
         match a["abstain_below"].as_f64() {

@@ -37,6 +37,10 @@ pub struct Limits {
     pub max_task_labels: usize,
     /// Longest task name, in bytes.
     pub max_task_name_bytes: usize,
+    /// Most `draws` of an intent registration.
+    pub max_task_draws: usize,
+    /// Longest label of an intent task, in bytes.
+    pub max_task_label_bytes: usize,
 }
 
 impl Default for Limits {
@@ -57,6 +61,8 @@ impl Default for Limits {
             max_task_examples: 100_000,
             max_task_labels: 1_000,
             max_task_name_bytes: 64,
+            max_task_draws: 100,
+            max_task_label_bytes: 256,
         }
     }
 }

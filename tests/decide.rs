@@ -64,6 +64,7 @@ fn prompts_split_at_the_state_and_tokenize_as_a_whole() {
                     .collect(),
                 abstain_below: None,
                 temperature: None,
+                head: None,
             };
             let r = render(&template, &state, &question).unwrap();
             assert!(r.prefix.ends_with(st["state"].as_str().unwrap().trim_end()));

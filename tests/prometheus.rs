@@ -23,6 +23,7 @@ const METRICS: &[(&str, &str)] = &[
     ("decisio_prefix_cache_evictions_total", "counter"),
     ("decisio_prefix_cache_bytes", "gauge"),
     ("decisio_prefix_cache_entries", "gauge"),
+    ("decisio_prefix_cache_capacity_bytes", "gauge"),
     ("decisio_abstentions_total", "counter"),
     ("decisio_queue_depth", "gauge"),
     ("decisio_http_requests_total", "counter"),

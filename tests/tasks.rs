@@ -421,6 +421,7 @@ fn bad_registrations_are_refused_naming_the_field() {
     );
     bad(with(json!({"surprise": 1})), "surprise");
     bad(with(json!({"head": {"layer": -1}})), "head");
+    bad(with(json!({"draws": 2, "shots": 3})), "draws");
     // An oversize body is 413, in the same error shape.
     let big = with(json!({"question": "x".repeat(1_200_000)}));
     let r = s.post_json("/v1/tasks", &big);
@@ -678,6 +679,346 @@ fn a_state_folder_serves_one_server_at_a_time() {
     s.kill();
     let s = Server::start(&["--state-dir", dir.to_str().unwrap()]);
     assert_eq!(get(&s, "/v1/tasks").status, 200);
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The MMLU subjects, in order of first appearance, and `per` questions of
+/// each (the first ones), each a state labelled with its subject.
+fn mmlu_subjects(per: usize) -> (Vec<String>, Vec<Value>) {
+    let text = std::fs::read_to_string(common::asset("mmlu.jsonl")).unwrap();
+    let mut subjects: Vec<String> = Vec::new();
+    let mut counts: std::collections::HashMap<String, usize> = Default::default();
+    let mut examples = Vec::new();
+    for line in text.lines() {
+        let r: Value = serde_json::from_str(line).unwrap();
+        let topic = r["topic"].as_str().unwrap().to_string();
+        if !subjects.contains(&topic) {
+            subjects.push(topic.clone());
+        }
+        let c = counts.entry(topic.clone()).or_default();
+        if *c < per {
+            *c += 1;
+            examples.push(json!({"state": r["question"], "label": topic}));
+        }
+    }
+    (subjects, examples)
+}
+
+const SUBJECT_QUESTION: &str = "Which subject is this question from?";
+
+/// Serves `state` on task `name`; the answer object.
+fn ask_task(s: &Server, name: &str, state: &str) -> Value {
+    let r = s.post_json(
+        "/v1/decide",
+        &json!({"state": state, "questions": [{"task": name}]}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.json()["answers"][0].clone()
+}
+
+#[test]
+fn an_intent_task_over_mmlu_subjects_is_fitted_persisted_and_served() {
+    let dir = common::fresh_dir("intent");
+    let args = ["--state-dir", dir.to_str().unwrap()];
+    let mut s = Server::start(&args);
+    let (subjects, examples) = mmlu_subjects(5);
+    assert_eq!(subjects.len(), 57);
+    let body = json!({
+        "name": "subject", "kind": "intent", "question": SUBJECT_QUESTION,
+        "labels": subjects, "examples": examples, "holdout": 0.4, "seed": 5,
+        "head": {"layer": -1}, "draws": 2, "shots": 2,
+        "abstention": {"abstain_below": 0.05}
+    });
+    let started = Instant::now();
+    let id = register(&s, &body);
+    let t = wait_for(&s, &id, Duration::from_secs(900), |t| {
+        t["status"] != "queued" && t["status"] != "running"
+    });
+    assert_eq!(t["status"], "ready", "{t}");
+    eprintln!(
+        "57-subject intent task: {} examples registered in {:.1} s",
+        examples.len(),
+        started.elapsed().as_secs_f64()
+    );
+    assert_eq!(t["labels"].as_array().unwrap().len(), 57);
+    assert!(t.get("options").is_none());
+    assert_eq!(t["head"]["layer"], -1);
+    let r = &t["result"];
+    assert_eq!(r["fit_examples"], 57 * 3);
+    assert_eq!(r["holdout_examples"], 57 * 2);
+    assert_eq!(r["head"]["dim"], 576);
+    assert_eq!(r["head"]["cross_validation"].as_array().unwrap().len(), 5);
+    let after = r["after"]["accuracy"].as_f64().unwrap();
+    eprintln!(
+        "holdout accuracy {after:.4}, ECE {:.4} -> {:.4}; draws {}",
+        r["before"]["ece"], r["after"]["ece"], r["draws"]
+    );
+    // Chance is 1/57 (0.018).
+    assert!(
+        after >= 0.15,
+        "holdout accuracy {after} is not clearly above chance"
+    );
+    let d = &r["draws"];
+    assert_eq!(d["per_draw"].as_array().unwrap().len(), 2);
+    assert!(d["accuracy_mean"].as_f64().unwrap() > 2.0 / 57.0, "{d}");
+    assert!(d["accuracy_sd"].as_f64().unwrap() >= 0.0);
+    assert!(dir.join(format!("tasks/{id}.head.json")).exists());
+
+    // Served: the head on the decision's own hidden state gives, on the
+    // holdout, exactly the registration's accuracy.
+    let held: Vec<usize> = r["holdout_indices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as usize)
+        .collect();
+    let mut right = 0;
+    let mut answers = Vec::new();
+    for &i in &held {
+        let e = &examples[i];
+        let a = ask_task(&s, "subject", e["state"].as_str().unwrap());
+        assert!(a["letter"].is_null());
+        assert!(a["letter_logprobs"].as_object().unwrap().is_empty());
+        let p = a["probabilities"].as_object().unwrap();
+        assert_eq!(p.len(), 57);
+        let sum: f64 = p.values().map(|v| v.as_f64().unwrap()).sum();
+        assert!((sum - 1.0).abs() < 1e-3, "{sum}");
+        let (best, _) = p
+            .iter()
+            .max_by(|x, y| x.1.as_f64().unwrap().total_cmp(&y.1.as_f64().unwrap()))
+            .unwrap();
+        if !a["abstained"].as_bool().unwrap() {
+            assert_eq!(a["label"], a["option"]);
+            assert_eq!(a["label"].as_str().unwrap(), best);
+        }
+        if best == e["label"].as_str().unwrap() {
+            right += 1;
+        }
+        answers.push(a);
+    }
+    assert_eq!(right as f64 / held.len() as f64, after);
+    // The chat surface answers with the label.
+    let state = examples[held[0]]["state"].as_str().unwrap();
+    let r = s.post_json(
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": state},
+                             {"role": "user", "content": "?"}],
+                "decisio": {"task": "subject", "abstain_below": 0.001}}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let c = r.json();
+    assert_eq!(
+        c["choices"][0]["message"]["content"],
+        c["decisio"]["answer"]["label"]
+    );
+    let top = &c["choices"][0]["logprobs"]["content"][0]["top_logprobs"];
+    assert_eq!(top.as_array().unwrap().len(), 20);
+
+    // A second head on a block's output, in the same folder.
+    let ex = |state: &str, label: &str| json!({"state": state, "label": label});
+    let small = json!({
+        "name": "mood", "kind": "intent", "question": "How does the writer feel?",
+        "labels": ["happy", "sad"], "head": {"layer": 10}, "holdout": 0.25,
+        "examples": [ex("What a lovely day, I am delighted.", "happy"),
+                     ex("I won the prize and I am thrilled!", "happy"),
+                     ex("Best news ever, so glad.", "happy"),
+                     ex("Great food and great friends tonight.", "happy"),
+                     ex("My dog died and I cannot stop crying.", "sad"),
+                     ex("I lost my job today; everything is grey.", "sad"),
+                     ex("Nobody came to my party.", "sad"),
+                     ex("I miss her so much it hurts.", "sad")]
+    });
+    let mood = register(&s, &small);
+    let m = wait_for(&s, &mood, Duration::from_secs(120), |t| {
+        t["status"] != "queued" && t["status"] != "running"
+    });
+    assert_eq!(m["status"], "ready", "{m}");
+    assert_eq!(m["result"]["head"]["layer"], 10);
+    let a = ask_task(&s, "mood", "I am so happy today!");
+    assert_eq!(a["probabilities"].as_object().unwrap().len(), 2);
+    // Heads of other layers in one request are refused, naming the question.
+    let r = s.post_json(
+        "/v1/decide",
+        &json!({"state": "Hello.", "questions": [{"task": "subject"}, {"task": "mood"}]}),
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(error_param(&r), "questions[1].task");
+
+    // Bad intent registrations name the field.
+    let bad = |patch: Value, param: &str| {
+        let mut b = small.clone();
+        b["name"] = json!("bad");
+        for (k, v) in patch.as_object().unwrap() {
+            if v.is_null() {
+                b.as_object_mut().unwrap().remove(k);
+            } else {
+                b[k] = v.clone();
+            }
+        }
+        let r = s.post_json("/v1/tasks", &b);
+        assert_eq!(r.status, 400, "{b}: {}", r.text());
+        assert_eq!(error_param(&r), param, "{b}");
+    };
+    bad(json!({"head": {"layer": 30}}), "head.layer");
+    bad(json!({"head": {"layer": -2}}), "head.layer");
+    bad(json!({"labels": ["happy"]}), "labels");
+    bad(json!({"labels": ["happy", "sad", "happy"]}), "labels[2]");
+    bad(json!({"labels": ["happy", "sad", "calm"]}), "labels[2]");
+    bad(json!({"labels": null}), "labels");
+    bad(json!({"options": ["a", "b"]}), "options");
+    bad(json!({"draws": 3}), "shots");
+    bad(json!({"draws": 0, "shots": 2}), "draws");
+    bad(
+        json!({"kind": "choice", "options": ["a", "b"], "labels": null}),
+        "head",
+    );
+    let mut many = small.clone();
+    many["name"] = json!("many");
+    many["labels"] = json!((0..1001).map(|i| format!("l{i}")).collect::<Vec<_>>());
+    let r = s.post_json("/v1/tasks", &many);
+    assert_eq!(r.status, 400);
+    assert_eq!(error_param(&r), "labels");
+
+    // A restart keeps both heads, and they answer as before.
+    s.kill();
+    let s = Server::start(&args);
+    let again = task(&s, &id);
+    assert_eq!(again["status"], "ready");
+    assert_eq!(again["result"], t["result"]);
+    for (a, &i) in answers.iter().zip(&held).take(5) {
+        let b = ask_task(&s, "subject", examples[i]["state"].as_str().unwrap());
+        assert_eq!(a["probabilities"], b["probabilities"]);
+        assert_eq!(a["label"], b["label"]);
+    }
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn intent_data_sets_register_as_published() {
+    let dir = common::fresh_dir("formats");
+    let s = Server::start(&["--state-dir", dir.to_str().unwrap()]);
+    let url = format!("http://127.0.0.1:{}", s.port);
+    // BANKING77's CSV: a header, quoted texts with commas.
+    let csv = dir.join("banking77.csv");
+    std::fs::write(
+        &csv,
+        "text,label\n\
+         I am still waiting on my card?,card_arrival\n\
+         \"What can I do if my card still hasn't arrived after 2 weeks?\",card_arrival\n\
+         \"My card has not arrived yet, where is it?\",card_arrival\n\
+         How long does a card take to arrive?,card_arrival\n\
+         What is the exchange rate?,exchange_rate\n\
+         \"How are the exchange rates calculated, exactly?\",exchange_rate\n\
+         Which exchange rate do you use?,exchange_rate\n\
+         \"Is the exchange rate \"\"fair\"\"?\",exchange_rate\n",
+    )
+    .unwrap();
+    // clinc_oos's JSON.
+    let clinc = dir.join("data_full.json");
+    std::fs::write(
+        &clinc,
+        json!({
+            "train": [["what is the weather like today", "weather"],
+                      ["will it rain tomorrow", "weather"],
+                      ["is it sunny outside", "weather"],
+                      ["set an alarm for 7 am", "alarm"],
+                      ["wake me up at six", "alarm"],
+                      ["please set my alarm", "alarm"]],
+            "val": [["how hot is it", "weather"], ["alarm for noon", "alarm"]],
+            "test": [], "oos_train": [["how do i bake bread", "oos"]],
+            "oos_val": [], "oos_test": []
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let register = |extra: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_decisio"))
+            .arg("register")
+            .args(extra)
+            .args(["--server", &url, "--interval", "0.2"])
+            .output()
+            .unwrap()
+    };
+    let body = register(&[
+        csv.to_str().unwrap(),
+        "--format",
+        "csv",
+        "--name",
+        "banking",
+        "--print-body",
+    ]);
+    assert!(body.status.success());
+    let b: Value = serde_json::from_slice(&body.stdout).unwrap();
+    assert_eq!(b["labels"], json!(["card_arrival", "exchange_rate"]));
+    assert_eq!(b["examples"].as_array().unwrap().len(), 8);
+    assert_eq!(b["examples"][7]["state"], "Is the exchange rate \"fair\"?");
+    assert_eq!(
+        b["examples"][2]["state"],
+        "My card has not arrived yet, where is it?"
+    );
+    let out = register(&[
+        csv.to_str().unwrap(),
+        "--format",
+        "csv",
+        "--name",
+        "banking",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("intent head: layer -1"), "{stdout}");
+    let out = register(&[
+        clinc.to_str().unwrap(),
+        "--format",
+        "clinc",
+        "--split",
+        "train,val",
+        "--name",
+        "clinc",
+        "--question",
+        "What does the user want?",
+        "--layer",
+        "-1",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let list = get(&s, "/v1/tasks").json();
+    let clinc_task = list["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "clinc")
+        .unwrap()
+        .clone();
+    assert_eq!(clinc_task["labels"], json!(["weather", "alarm"]));
+    assert_eq!(clinc_task["examples"], 8);
+    let a = ask_task(&s, "clinc", "wake me at 5");
+    assert_eq!(a["probabilities"].as_object().unwrap().len(), 2);
+    // A part the file does not have is named.
+    let out = register(&[
+        clinc.to_str().unwrap(),
+        "--format",
+        "clinc",
+        "--split",
+        "dev",
+        "--name",
+        "x",
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no part `dev`"));
+    // A CSV without the columns is refused before anything is sent.
+    std::fs::write(&csv, "sentence,intent\nhello,greet\n").unwrap();
+    let out = register(&[csv.to_str().unwrap(), "--format", "csv", "--name", "y"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("`text` and `label`"));
     drop(s);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -1,6 +1,8 @@
 """Benchmark: task registration on the engine next to serving.
 
 Usage: python scripts/bench/task_registration.py [--examples 120] [--decisions 80]
+           [--only choice|intent] [--shots 10] [--draws 6] [--fit-per-label 20]
+           [--holdout-per-label 4]
 
 On the fixture model, with MMLU questions as states (the question and its
 four answers lettered, the task asking which letter is correct):
@@ -12,13 +14,30 @@ four answers lettered, the task asking which letter is correct):
   (3) decision latency (one question on a new state, through
       POST /v1/decide, one request after another) on an idle server, and
       while a registration of the same examples runs: p50 and p99.
-Writes runs/<date>_task-registration/{summary.md,results.json}.
+Intent heads (`--only intent`, or after the above): an intent task over
+MMLU's 57 subjects ("which subject is this question from?"), per subject
+`fit-per-label + holdout-per-label` questions (draws sample `shots` of the
+`fit-per-label`; with `fit-per-label == shots` every draw is the same set):
+  (4) plain forward throughput on the first 114 of those examples (one
+      decision each) against the intent registration's scoring throughput
+      on all of them (the task's progress rate), and its ratio;
+  (5) the head's holdout accuracy and ECE over `draws` draws of `shots`
+      examples per label (mean and standard deviation), and the served
+      head's (fitted on the whole fit split) figures before and after its
+      temperature;
+  (6) the head's fit time on 10,000 synthetic rows of the fixture's width
+      (576) and 57 labels (examples/task_figures.rs), and the served head's
+      reliability diagram as a PNG (plotters).
+Writes runs/<date>_task-registration/{summary.md,results.json} (choice) and
+{intent.md,intent.json,intent-task.json,reliability.png} (intent).
 """
 
 import argparse
 import http.client
 import json
+import os
 import statistics
+import subprocess
 import tempfile
 import time
 
@@ -71,11 +90,156 @@ def register(port, name, examples):
     return reply["id"]
 
 
+SUBJECT_QUESTION = "Which subject is this question from?"
+FONT = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf"
+
+
+def subject_examples(per):
+    """The first `per` questions of each MMLU subject, labelled with it."""
+    labels, counts, examples = [], {}, []
+    with open(common.ASSETS / "mmlu.jsonl") as f:
+        for line in f:
+            row = json.loads(line)
+            t = row["topic"]
+            if t not in counts:
+                labels.append(t)
+                counts[t] = 0
+            if counts[t] < per:
+                counts[t] += 1
+                examples.append({"state": row["question"], "label": t})
+    return labels, examples
+
+
+def figures_example(*args):
+    out = subprocess.run(
+        ["cargo", "run", "--quiet", "--release", "--example", "task_figures", "--", *args],
+        cwd=common.ROOT, check=True, capture_output=True, text=True)
+    return out.stdout
+
+
+def intent(args):
+    per = args.fit_per_label + args.holdout_per_label
+    labels, examples = subject_examples(per)
+    holdout = args.holdout_per_label / per
+    out = common.run_dir("task-registration")
+    state_dir = tempfile.mkdtemp(prefix="decisio-bench-intent-")
+    proc, port = common.start_decisio(extra=("--state-dir", state_dir))
+    try:
+        # (4) plain forward: the first examples decided one by one (a new
+        # state each; the question with two lettered options).
+        plain = examples[:114]
+        t0 = time.perf_counter()
+        for e in plain:
+            common.post(port, "/v1/decide", {"state": e["state"], "questions": [
+                {"text": SUBJECT_QUESTION, "options": ["A", "B"]}]})
+        plain_rate = len(plain) / (time.perf_counter() - t0)
+        body = {"name": "mmlu-subject", "kind": "intent", "question": SUBJECT_QUESTION,
+                "labels": labels, "examples": examples, "holdout": holdout, "seed": 0,
+                "head": {"layer": -1}, "draws": args.draws, "shots": args.shots}
+        data = json.dumps(body).encode()
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        t0 = time.perf_counter()
+        c.request("POST", "/v1/tasks", data, {"Content-Type": "application/json"})
+        r = c.getresponse()
+        reply = json.loads(r.read())
+        if r.status != 202:
+            raise RuntimeError(f"registration refused: {reply}")
+        while True:
+            task = get(port, f"/v1/tasks/{reply['id']}")
+            if task["status"] not in ("queued", "running"):
+                break
+            time.sleep(1.0)
+        wall = time.perf_counter() - t0
+        if task["status"] != "ready":
+            raise RuntimeError(f"the registration ended {task['status']}: {task}")
+    finally:
+        proc.terminate()
+        proc.wait()
+    (out / "intent-task.json").write_text(json.dumps(task, indent=2) + "\n")
+    figures_example("reliability", str(out / "intent-task.json"), str(out / "reliability.png"),
+                    FONT)
+    fit = json.loads(figures_example("fit-time", "10000", "57", "576"))
+    r = task["result"]
+    d = r["draws"]
+    reg_rate = task["progress"]["rate"]
+    results = {
+        "examples": len(examples), "labels": len(labels), "shots": args.shots,
+        "fit_per_label": args.fit_per_label,
+        "draws": args.draws, "holdout_per_label": args.holdout_per_label,
+        "plain_forward_examples_per_second": plain_rate,
+        "registration_scoring_examples_per_second": reg_rate,
+        "ratio_to_plain": reg_rate / plain_rate,
+        "registration_all_in_seconds": r["seconds"], "registration_wall_seconds": wall,
+        "draws_report": d,
+        "served_head": {"head": r["head"], "fit_examples": r["fit_examples"],
+                        "holdout_examples": r["holdout_examples"],
+                        "before": {k: r["before"][k] for k in ("accuracy", "nll", "ece")},
+                        "after": {k: r["after"][k] for k in ("accuracy", "nll", "ece")},
+                        "temperature": r["temperature"]},
+        "head_fit_time": fit,
+        "machine": common.machine(),
+        "command": "python scripts/bench/task_registration.py --only intent",
+    }
+    (out / "intent.json").write_text(json.dumps(results, indent=2) + "\n")
+    summary = f"""# Intent heads: MMLU subjects
+
+decisio on the fixture model (SmolLM2-135M-Instruct, MLX CPU build), one
+server on 127.0.0.1. An intent task over MMLU's {len(labels)} subjects, the
+question "{SUBJECT_QUESTION}" on each MMLU question (the question text
+alone as the state): {per} questions per subject, {args.holdout_per_label}
+per subject held out ({r['holdout_examples']} holdout examples), the rest
+({r['fit_examples']}) the fit split. Features: the final norm's output at the
+answer position (576 wide). Chance is 1/57 = 0.018.
+
+| | figure |
+|---|---|
+| **head over {args.draws} draws of {args.shots} shots per label: holdout accuracy** | **{d['accuracy_mean']:.4f} ± {d['accuracy_sd']:.4f}** (mean ± sd) |
+| **... holdout ECE (after each draw's temperature)** | **{d['ece_mean']:.4f} ± {d['ece_sd']:.4f}** |
+| served head (fit on the whole fit split, C = {r['head']['c']}): accuracy | {r['after']['accuracy']:.4f} |
+| served head: ECE before (T = 1) / after (T = {r['temperature']:.3f}) | {r['before']['ece']:.4f} / {r['after']['ece']:.4f} |
+| served head: NLL before / after | {r['before']['nll']:.4f} / {r['after']['nll']:.4f} |
+| plain forward (first 114 examples through /v1/decide) | {plain_rate:.2f} examples/s |
+| intent registration, scoring (all {len(examples)} examples) | {reg_rate:.2f} examples/s |
+| **registration / plain forward** | **{reg_rate / plain_rate:.3f}** (target at least 0.9) |
+| registration all in (scoring, served head, {args.draws} draw heads) | {r['seconds']:.1f} s |
+| head fit, 10,000 synthetic rows x 57 labels x 576 ({fit['fits']} L-BFGS fits: {len(fit['cross_validation'])} C x 3 folds + final) | {fit['fit_seconds']:.1f} s |
+| head applied to one hidden state | {fit['apply_microseconds_per_example']:.0f} µs |
+
+Per draw (seed, C, T, accuracy, ECE):
+
+| seed | C | T | accuracy | ECE |
+|---|---|---|---|---|
+""" + "".join(f"| {p['seed']} | {p['c']} | {p['temperature']:.3f} | {p['accuracy']:.4f} | {p['ece']:.4f} |\n"
+              for p in d["per_draw"]) + f"""
+`reliability.png`: the served head's holdout reliability diagram, before and
+after its temperature (drawn by `examples/task_figures.rs` with plotters).
+
+Machine: {results['machine']['platform']}, {results['machine']['cpus']} CPUs, shared with other
+work while it ran. Command: `python scripts/bench/task_registration.py --only intent`.
+"""
+    (out / "intent.md").write_text(summary)
+    if args.only == "intent":
+        (out / "summary.md").write_text(summary)
+    print(summary)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--examples", type=int, default=120)
     ap.add_argument("--decisions", type=int, default=80)
+    ap.add_argument("--only", choices=("choice", "intent"))
+    ap.add_argument("--shots", type=int, default=10)
+    ap.add_argument("--draws", type=int, default=6)
+    ap.add_argument("--holdout-per-label", type=int, default=4)
+    ap.add_argument("--fit-per-label", type=int, default=20)
     args = ap.parse_args()
+    if args.only != "intent":
+        choice(args)
+    if args.only != "choice":
+        intent(args)
+
+
+def choice(args):
     rows = common.mmlu_rows(4000)
     examples = [example(r) for r in rows[: 4000 : 4000 // args.examples][: args.examples]]
     # Decision states: other MMLU questions, each new to the server.

@@ -36,8 +36,12 @@ pub struct ScoreRequest {
     pub state: StateHash,
     pub prefix: Vec<u32>,
     pub questions: Vec<QuestionTokens>,
-    /// Also return each answer position's final hidden state.
+    /// Also return each answer position's hidden state: the final norm's
+    /// output, or block `hidden_layer`'s when that is set.
     pub hidden: bool,
+    /// The block whose output `hidden` returns (`None`: the final norm's);
+    /// below [`Engine::hidden_layers`].
+    pub hidden_layer: Option<usize>,
     /// How the questions share the prefix (one of [`Capabilities::modes`]).
     pub mode: MultiQuestion,
     /// Look the state up in the prefix cache and keep it there. Off for
@@ -106,6 +110,9 @@ pub struct Capabilities {
     pub padding: PadPolicy,
     /// The backend's name in error messages (`MLX`, `vLLM`).
     pub name: &'static str,
+    /// Chat completions with image content parts are passed through
+    /// ([`Engine::chat_passthrough`]).
+    pub images: bool,
 }
 
 impl Default for Capabilities {
@@ -114,6 +121,7 @@ impl Default for Capabilities {
             modes: vec![MultiQuestion::Sequential],
             padding: PadPolicy::None,
             name: "MLX",
+            images: false,
         }
     }
 }
@@ -285,6 +293,24 @@ pub trait Engine: Send + Sync + 'static {
     fn capabilities(&self) -> Capabilities {
         Capabilities::default()
     }
+    /// The decoder blocks a scoring job can tap for hidden states; `None`
+    /// when the backend returns no hidden states (intent tasks are then
+    /// refused).
+    fn hidden_layers(&self) -> Option<usize> {
+        None
+    }
+
+    /// Sends a chat completion body as it is (image content parts included)
+    /// to the backend's own chat route and answers it whole. Served only
+    /// where [`Capabilities::images`] says so.
+    fn chat_passthrough(&self, body: serde_json::Value) -> Result<ChatReceiver, EngineError> {
+        let _ = body;
+        Err(EngineError::Model(
+            "image content parts are not served by this backend".into(),
+        ))
+    }
 }
+
+pub type ChatReceiver = oneshot::Receiver<Result<serde_json::Value, EngineError>>;
 
 pub type ScoreReceiver = oneshot::Receiver<Result<ScoreResult, EngineError>>;

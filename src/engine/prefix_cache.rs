@@ -57,6 +57,7 @@ fn kib(bytes: usize) -> u32 {
 
 impl<V: Weighed + Send + Sync + 'static> PrefixCache<V> {
     pub fn new(budget_mib: u64, metrics: Arc<Metrics>) -> Self {
+        metrics.prefix_cache_capacity.set((budget_mib << 20) as i64);
         let held = Arc::new(AtomicU64::new(0));
         let cache = (budget_mib > 0).then(|| {
             let (held, m) = (held.clone(), metrics.clone());
@@ -92,6 +93,12 @@ impl<V: Weighed + Send + Sync + 'static> PrefixCache<V> {
             None => self.metrics.prefix_cache_misses.inc(),
         }
         found
+    }
+
+    /// The state for `key` without counting a hit or a miss (the metrics
+    /// count decisions' state look-ups; completions look up prompts).
+    pub fn peek(&self, key: &StateHash) -> Option<Arc<V>> {
+        self.cache.as_ref().and_then(|c| c.get(key))
     }
 
     /// Keeps `value` unless it alone is over the budget; returns whether it

@@ -8,8 +8,11 @@ use std::time::Instant;
 use serde_json::{Map, Value};
 
 use super::{RouteError, TextRoute};
-use crate::engine::{MultiQuestion, PadPolicy, QuestionTokens, ScoreRequest, StateHash};
+use crate::engine::{
+    MultiQuestion, PadPolicy, QuestionScore, QuestionTokens, ScoreRequest, StateHash,
+};
 use crate::prompt::ChatTemplate;
+use crate::tasks::head::Head;
 
 /// The letters of options, in order; at most 26 options per question.
 pub const LETTERS: [&str; 26] = [
@@ -45,24 +48,33 @@ pub struct Question {
     pub options: Vec<String>,
     pub abstain_below: Option<f64>,
     pub temperature: Option<f64>,
+    /// An intent task's head: the options are its labels, and the answer
+    /// comes from the head on the answer position's hidden state instead
+    /// of the letters.
+    pub head: Option<Arc<Head>>,
 }
 
 /// A decision's answer to one question.
 #[derive(Clone, Debug)]
 pub struct Answer {
     pub id: Option<String>,
-    /// The chosen option's letter; `None` when abstained.
+    /// The chosen option's letter; `None` when abstained or answered by
+    /// an intent head.
     pub letter: Option<&'static str>,
-    /// The chosen option's index and text; `None` when abstained.
+    /// The chosen option's (or label's) index and text; `None` when abstained.
     pub index: Option<usize>,
     pub option: Option<String>,
-    /// Each option's letter with its calibrated probability.
-    pub probabilities: Vec<(&'static str, f32)>,
-    /// Each option's letter with its calibrated log-probability (finite
-    /// even where the probability rounds to 0).
-    pub calibrated_logprobs: Vec<(&'static str, f32)>,
-    /// Each option's letter with its raw log-probability over the vocabulary.
-    pub logprobs: Vec<(&'static str, f32)>,
+    /// Answered by an intent head: the keys below are the labels.
+    pub intent: bool,
+    /// Each option's letter (an intent task's: each label) with its
+    /// calibrated probability.
+    pub probabilities: Vec<(String, f32)>,
+    /// Each option's letter (or label) with its calibrated log-probability
+    /// (finite even where the probability rounds to 0).
+    pub calibrated_logprobs: Vec<(String, f32)>,
+    /// Each option's letter with its raw log-probability over the
+    /// vocabulary (none for an intent head).
+    pub logprobs: Vec<(String, f32)>,
     pub temperature: f32,
     pub abstained: bool,
     pub abstain_reason: Option<String>,
@@ -78,6 +90,8 @@ pub struct StateInfo {
     pub hash: StateHash,
     pub tokens: usize,
     pub cached: bool,
+    /// Set when the state is longer than the base is documented for.
+    pub warning: Option<String>,
 }
 
 #[derive(Clone, Debug)]
@@ -101,8 +115,13 @@ fn invalid(param: &str, message: impl Into<String>) -> RouteError {
     RouteError::invalid(param, message)
 }
 
-/// The question block: the question, its lettered options, the cue.
+/// The question block: the question, its lettered options, the cue. An
+/// intent task's question is its text alone (its labels, up to a
+/// thousand, are not listed: the head reads them off the hidden state).
 pub fn question_block(q: &Question) -> String {
+    if q.head.is_some() {
+        return q.text.trim().to_string();
+    }
     let mut text = q.text.trim().to_string();
     for (letter, option) in LETTERS.iter().zip(&q.options) {
         text.push_str(&format!("\n{letter}. {}", option.trim()));
@@ -118,13 +137,21 @@ pub fn check_question(q: &Question, param: &str) -> Result<(), RouteError> {
         return Err(invalid(&format!("{param}.text"), "the question is empty"));
     }
     let n = q.options.len();
-    if n < 2 || n > LETTERS.len() {
+    if q.head.is_some() {
+        // An intent task's labels were checked at registration.
+    } else if n < 2 || n > LETTERS.len() {
         return Err(invalid(
             &format!("{param}.options"),
             format!("a question needs 2 to 26 options (lettered A to Z); got {n}"),
         ));
     }
-    for (i, option) in q.options.iter().enumerate() {
+    // An intent task's labels were checked at registration.
+    let options = if q.head.is_some() {
+        &[][..]
+    } else {
+        &q.options[..]
+    };
+    for (i, option) in options.iter().enumerate() {
         if option.trim().is_empty() {
             return Err(invalid(
                 &format!("{param}.options[{i}]"),
@@ -307,6 +334,7 @@ impl TextRoute {
             ));
         }
         let started = Instant::now();
+        let layer = head_layer(&questions)?;
         let (prefix, tokens) = self.prepare(&state, &questions)?;
         let hash = self.state_hash(&prefix);
         let suffix_lengths: Vec<usize> = tokens.iter().map(|t| t.suffix.len()).collect();
@@ -315,7 +343,8 @@ impl TextRoute {
             state: hash,
             prefix: prefix.clone(),
             questions: tokens,
-            hidden: false,
+            hidden: layer.is_some(),
+            hidden_layer: layer.flatten(),
             mode,
             cache: true,
         })?;
@@ -337,7 +366,17 @@ impl TextRoute {
                 .question_seconds
                 .with_label_values(&[&self.model_name, label])
                 .observe(per_question);
-            let answer = self.answer(q, &score.logits, &score.logprobs);
+            let answer = match q.head.clone() {
+                Some(head) => {
+                    let hidden = score.hidden.as_deref().ok_or_else(|| {
+                        RouteError::Engine(crate::engine::EngineError::Model(
+                            "the backend returned no hidden state for an intent task".into(),
+                        ))
+                    })?;
+                    intent_answer(q, &head, hidden)
+                }
+                None => self.answer(q, &score.logits, &score.logprobs),
+            };
             if answer.abstained {
                 self.metrics.abstentions.inc();
             }
@@ -348,6 +387,7 @@ impl TextRoute {
                 hash,
                 tokens: prefix.len(),
                 cached: result.cached,
+                warning: self.long_state_warning(prefix.len()),
             },
             answers,
             prompt_tokens: prefix.len() + suffix_tokens,
@@ -416,7 +456,14 @@ impl TextRoute {
                     param: "state",
                 });
             }
-            let read = self.letter_ids[..q.options.len()].to_vec();
+            // An intent question reads one letter (unused): the head reads
+            // the hidden state.
+            let read = self.letter_ids[..q.options.len().min(if q.head.is_some() {
+                1
+            } else {
+                LETTERS.len()
+            })]
+                .to_vec();
             tokens.push(QuestionTokens { suffix: ids, read });
         }
         Ok((prefix, tokens))
@@ -426,6 +473,35 @@ impl TextRoute {
     /// reads them, without the prefix cache and without serving metrics
     /// (task registration scores its examples with it).
     pub async fn readout(&self, state: State, question: Question) -> Result<Vec<f32>, RouteError> {
+        Ok(self.score_alone(state, question, false, None).await?.logits)
+    }
+
+    /// The hidden state at the answer position of `question` on `state`
+    /// (block `layer`'s output, or the final norm's), as a decision naming
+    /// an intent task computes it, without the prefix cache (task
+    /// registration reads its examples' features with it).
+    pub async fn features(
+        &self,
+        state: State,
+        question: Question,
+        layer: Option<usize>,
+    ) -> Result<Vec<f32>, RouteError> {
+        self.score_alone(state, question, true, layer)
+            .await?
+            .hidden
+            .ok_or(RouteError::Engine(crate::engine::EngineError::Model(
+                "the backend returned no hidden state".into(),
+            )))
+    }
+
+    /// One question on a state, scored outside the prefix cache.
+    async fn score_alone(
+        &self,
+        state: State,
+        question: Question,
+        hidden: bool,
+        hidden_layer: Option<usize>,
+    ) -> Result<QuestionScore, RouteError> {
         let questions = [question];
         let (prefix, tokens) = self.prepare(&state, &questions)?;
         let hash = self.state_hash(&prefix);
@@ -433,7 +509,8 @@ impl TextRoute {
             state: hash,
             prefix,
             questions: tokens,
-            hidden: false,
+            hidden,
+            hidden_layer,
             mode: MultiQuestion::Sequential,
             cache: false,
         })?;
@@ -443,7 +520,6 @@ impl TextRoute {
         result
             .questions
             .pop()
-            .map(|q| q.logits)
             .ok_or(RouteError::Engine(crate::engine::EngineError::Stopped))
     }
 
@@ -462,19 +538,20 @@ impl TextRoute {
             letter: (!abstained).then_some(letters[top]),
             index: (!abstained).then_some(top),
             option: (!abstained).then(|| q.options[top].clone()),
+            intent: false,
             probabilities: letters
                 .iter()
-                .copied()
+                .map(|l| l.to_string())
                 .zip(probabilities.iter().copied())
                 .collect(),
             calibrated_logprobs: letters
                 .iter()
-                .copied()
+                .map(|l| l.to_string())
                 .zip(calibrated_logprobs(logits, temperature))
                 .collect(),
             logprobs: letters
                 .iter()
-                .copied()
+                .map(|l| l.to_string())
                 .zip(logprobs.iter().copied())
                 .collect(),
             temperature: temperature as f32,
@@ -489,6 +566,73 @@ impl TextRoute {
             tie,
             top,
         }
+    }
+}
+
+/// The tapped layer of a request's intent questions: `None` when none
+/// names an intent task, `Some(None)` for the final norm's output. The
+/// questions of one request share one tap.
+fn head_layer(questions: &[Question]) -> Result<Option<Option<usize>>, RouteError> {
+    let mut layer: Option<Option<usize>> = None;
+    for (i, q) in questions.iter().enumerate() {
+        if let Some(h) = &q.head {
+            match layer {
+                None => layer = Some(h.layer),
+                Some(l) if l == h.layer => {}
+                Some(_) => {
+                    return Err(invalid(
+                        &format!("questions[{i}].task"),
+                        "the intent tasks of one request must read the same `head.layer`; \
+                         send questions on heads of other layers in another request",
+                    ))
+                }
+            }
+        }
+    }
+    Ok(layer)
+}
+
+/// An intent task's answer: the head's logits on the hidden state, divided
+/// by the temperature (the request's, else the head's), then abstention and
+/// tie-break as for letters.
+pub fn intent_answer(q: Question, head: &Head, hidden: &[f32]) -> Answer {
+    let logits = head.logits(hidden);
+    let temperature = q.temperature.unwrap_or(head.temperature);
+    let probabilities = calibrate(&logits, temperature);
+    let (top, tie) = top_option(&probabilities);
+    let best = probabilities[top];
+    let threshold = q.abstain_below;
+    let abstained = threshold.is_some_and(|t| f64::from(best) < t);
+    Answer {
+        id: q.id,
+        letter: None,
+        index: (!abstained).then_some(top),
+        option: (!abstained).then(|| q.options[top].clone()),
+        intent: true,
+        probabilities: q
+            .options
+            .iter()
+            .cloned()
+            .zip(probabilities.iter().copied())
+            .collect(),
+        calibrated_logprobs: q
+            .options
+            .iter()
+            .cloned()
+            .zip(calibrated_logprobs(&logits, temperature))
+            .collect(),
+        logprobs: Vec::new(),
+        temperature: temperature as f32,
+        abstained,
+        abstain_reason: abstained.then(|| {
+            format!(
+                "the top probability {best:.4} (label `{}`) is below abstain_below {}",
+                q.options[top],
+                threshold.unwrap_or_default()
+            )
+        }),
+        tie,
+        top,
     }
 }
 
@@ -527,6 +671,7 @@ mod tests {
             options: options.iter().map(|s| s.to_string()).collect(),
             abstain_below: None,
             temperature: None,
+            head: None,
         }
     }
 

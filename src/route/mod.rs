@@ -16,6 +16,7 @@ use serde_json::{Map, Value};
 pub use decide::{Answer, Decision, Question, State};
 pub use generate::{GenerationStream, Output, TokenChoice, TokenOutput};
 
+use crate::bases::{self, Base};
 use crate::engine::{Engine, EngineError, GenerateRequest, Sampling};
 use crate::metrics::Metrics;
 use crate::prompt::{ChatTemplate, TextTokenizer};
@@ -81,6 +82,8 @@ pub struct RouteConfig {
     pub tokenizer_identity: String,
     /// The letter temperature when neither the request nor a task sets one.
     pub default_temperature: f64,
+    /// The production base served, if the model is one.
+    pub base: Option<&'static Base>,
     pub metrics: Arc<Metrics>,
 }
 
@@ -94,6 +97,7 @@ pub struct TextRoute {
     pub model_name: String,
     pub tokenizer_identity: String,
     pub default_temperature: f64,
+    pub base: Option<&'static Base>,
     pub metrics: Arc<Metrics>,
     /// Token ids of the letters A..Z.
     pub letter_ids: Vec<u32>,
@@ -125,9 +129,18 @@ impl TextRoute {
             model_name: config.model_name,
             tokenizer_identity: config.tokenizer_identity,
             default_temperature: config.default_temperature,
+            base: config.base,
             metrics: config.metrics,
             letter_ids,
         })
+    }
+
+    /// The warning for a state longer than the base is documented for,
+    /// also written to the log.
+    pub fn long_state_warning(&self, tokens: usize) -> Option<String> {
+        let warning = bases::long_state_warning(self.base?, tokens)?;
+        tracing::warn!("{warning}");
+        Some(warning)
     }
 
     pub fn engine(&self) -> &dyn Engine {

@@ -28,7 +28,8 @@ pub enum ApiError {
     Unauthorized(String),
     /// 404: a model this server does not serve.
     #[error(
-        "The model `{0}` does not exist on this server; GET /v1/models lists the one it serves."
+        "The model `{0}` does not exist on this server (LoRA adapters are not served); \
+         GET /v1/models lists the one it serves."
     )]
     ModelNotFound(String),
     /// 404: no such route.

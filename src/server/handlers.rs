@@ -12,11 +12,11 @@ use super::error::ApiError;
 use super::types::*;
 use super::validate::{self, PromptInput};
 use super::{unix_now, AppState};
-use crate::engine::EngineStatus;
+use crate::engine::{EngineError, EngineStatus};
 use crate::route::{
     Answer, Decision, GenerationStream, Output, State as RouteState, TokenChoice, TokenOutput,
 };
-use crate::tasks::{Deleted, TaskRecord};
+use crate::tasks::{Deleted, Kind, TaskRecord};
 
 type Result<T> = std::result::Result<T, ApiError>;
 
@@ -142,6 +142,26 @@ where
         .streaming(body)
 }
 
+/// A chat completion with image content parts, passed through to the
+/// backend (the vLLM backend sends it to an upstream's chat route) and
+/// answered with the upstream's completion under this server's model name.
+async fn chat_images(state: &AppState, body: &ChatCompletionRequest) -> Result<HttpResponse> {
+    let forwarded = validate::chat_passthrough(body, &state.limits)?;
+    let rx = state
+        .route
+        .engine()
+        .chat_passthrough(forwarded)
+        .map_err(ApiError::from)?;
+    let mut answer = rx
+        .await
+        .map_err(|_| ApiError::from(EngineError::Stopped))?
+        .map_err(ApiError::from)?;
+    if let Some(o) = answer.as_object_mut() {
+        o.insert("model".into(), Value::String(state.model_name.clone()));
+    }
+    Ok(HttpResponse::Ok().json(answer))
+}
+
 pub async fn chat_completions(
     req: HttpRequest,
     payload: web::Payload,
@@ -151,6 +171,9 @@ pub async fn chat_completions(
     state.check_model(body.model.as_deref())?;
     if let Some(d) = &body.decisio {
         return chat_decision(&state, &body, d).await;
+    }
+    if validate::has_image_parts(&body.messages) && state.route.engine().capabilities().images {
+        return chat_images(&state, &body).await;
     }
     let job = validate::chat(&body, &state.limits)?;
     let route = &state.route;
@@ -526,10 +549,10 @@ pub async fn detokenize(
 }
 
 fn answer_out(a: &Answer) -> AnswerOut {
-    let map = |pairs: &[(&'static str, f32)]| -> Map<String, Value> {
+    let map = |pairs: &[(String, f32)]| -> Map<String, Value> {
         pairs
             .iter()
-            .map(|&(l, v)| (l.to_string(), Value::from(v)))
+            .map(|(l, v)| (l.clone(), Value::from(*v)))
             .collect()
     };
     AnswerOut {
@@ -537,6 +560,7 @@ fn answer_out(a: &Answer) -> AnswerOut {
         letter: a.letter,
         index: a.index,
         option: a.option.clone(),
+        label: a.intent.then(|| a.option.clone()),
         probabilities: map(&a.probabilities),
         letter_logprobs: map(&a.logprobs),
         temperature: a.temperature,
@@ -551,6 +575,7 @@ fn state_out(d: &Decision) -> StateOut {
         hash: d.state.hash.hex(),
         tokens: d.state.tokens,
         cached: d.state.cached,
+        warning: d.state.warning.clone(),
     }
 }
 
@@ -582,8 +607,13 @@ pub async fn decide(
     }))
 }
 
+/// Labels of an intent answer listed in a chat decision's `top_logprobs`
+/// (the most likely first); `decisio.answer.probabilities` has them all.
+pub const MAX_INTENT_TOP_LOGPROBS: usize = 20;
+
 /// A chat completion carrying a decision: the letter as content, every
-/// option letter in `top_logprobs` with its calibrated log-probability.
+/// option letter in `top_logprobs` with its calibrated log-probability (an
+/// intent task: the label, and the most likely labels).
 async fn chat_decision(
     state: &AppState,
     body: &ChatCompletionRequest,
@@ -596,19 +626,29 @@ async fn chat_decision(
         .await?;
     let a = &decision.answers[0];
     // Sorted by probability, the earliest option first among equals.
-    let mut letters: Vec<(&'static str, f32)> = a.calibrated_logprobs.clone();
+    // (A stable sort: the earliest option first among equals.) An intent
+    // task's labels stand for the letters, the most likely
+    // MAX_INTENT_TOP_LOGPROBS of them.
+    let mut letters: Vec<(String, f32)> = a.calibrated_logprobs.clone();
     letters.sort_by(|x, y| y.1.total_cmp(&x.1));
+    if a.intent {
+        letters.truncate(MAX_INTENT_TOP_LOGPROBS);
+    }
     let top: Vec<TopLogprob> = letters
         .iter()
-        .map(|&(l, lp)| TopLogprob {
-            token: l.to_string(),
-            logprob: lp,
+        .map(|(l, lp)| TopLogprob {
+            token: l.clone(),
+            logprob: *lp,
             bytes: l.as_bytes().to_vec(),
         })
         .collect();
-    let chosen = a.calibrated_logprobs[a.top];
+    let chosen = a.calibrated_logprobs[a.top].clone();
     let completion_tokens = usize::from(!a.abstained);
-    let content = a.letter.unwrap_or_default().to_string();
+    let content = if a.intent {
+        a.option.clone().unwrap_or_default()
+    } else {
+        a.letter.unwrap_or_default().to_string()
+    };
     Ok(HttpResponse::Ok().json(ChatDecision {
         id: new_id("chatcmpl"),
         object: "chat.completion",
@@ -622,7 +662,7 @@ async fn chat_decision(
             },
             logprobs: Some(ChatLogprobs {
                 content: vec![ChatTokenLogprob {
-                    token: chosen.0.to_string(),
+                    token: chosen.0.clone(),
                     logprob: chosen.1,
                     bytes: chosen.0.as_bytes().to_vec(),
                     top_logprobs: top,
@@ -664,7 +704,12 @@ fn task_out(r: &TaskRecord) -> TaskOut {
         status: r.status,
         created: r.created,
         question: r.spec.question.clone(),
-        options: r.spec.labels.clone(),
+        options: (r.spec.kind == Kind::Choice).then(|| r.spec.labels.clone()),
+        labels: (r.spec.kind == Kind::Intent).then(|| r.spec.labels.clone()),
+        head: (r.spec.kind == Kind::Intent).then(|| TaskHeadOut {
+            layer: r.spec.head_layer.map_or(-1, |l| l as i64),
+        }),
+        draws: r.spec.draws,
         examples: r.progress.total,
         holdout: r.spec.holdout,
         seed: r.spec.seed,
@@ -683,7 +728,9 @@ pub async fn create_task(
     state: web::Data<AppState>,
 ) -> Result<HttpResponse> {
     let body: TaskRequest = read_json(&req, payload, state.limits.max_task_body_bytes).await?;
-    let (spec, examples) = validate::task(&body, &state.limits)?;
+    let layers = state.route.engine().hidden_layers();
+    let backend = state.route.engine().capabilities().name;
+    let (spec, examples) = validate::task(&body, &state.limits, layers, backend)?;
     let tasks = state.tasks.clone();
     // Writing the examples to the state folder syncs the disk: off the
     // server's threads.

@@ -309,6 +309,9 @@ pub struct StateOut {
     pub hash: String,
     pub tokens: usize,
     pub cached: bool,
+    /// Set when the state is longer than the served base is documented for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub warning: Option<String>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -317,9 +320,15 @@ pub struct AnswerOut {
     pub letter: Option<&'static str>,
     pub index: Option<usize>,
     pub option: Option<String>,
-    /// Calibrated probability of each option, by letter.
+    /// An intent task's answer: the chosen label (null when abstained);
+    /// absent on letter answers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub label: Option<Option<String>>,
+    /// Calibrated probability of each option, by letter (an intent task's:
+    /// of each label, by label).
     pub probabilities: Map<String, Value>,
-    /// Raw log-probability of each option's letter over the vocabulary.
+    /// Raw log-probability of each option's letter over the vocabulary
+    /// (empty for an intent task).
     pub letter_logprobs: Map<String, Value>,
     pub temperature: f32,
     pub abstained: bool,
@@ -395,7 +404,25 @@ pub struct TaskRequest {
     pub holdout: Option<f64>,
     pub seed: Option<i64>,
     pub abstention: Option<AbstentionIn>,
-    pub head: Option<Value>,
+    /// An intent task's head: `{"layer": -1}` (the final norm's output,
+    /// the default) or a block's index.
+    pub head: Option<TaskHeadIn>,
+    /// Heads fitted on `draws` draws of `shots` examples per label (intent
+    /// tasks; both or neither).
+    pub draws: Option<i64>,
+    pub shots: Option<i64>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TaskHeadIn {
+    pub layer: Option<i64>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct TaskHeadOut {
+    /// `-1`: the final norm's output; else the block's index.
+    pub layer: i64,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -423,7 +450,17 @@ pub struct TaskOut {
     pub status: crate::tasks::Status,
     pub created: u64,
     pub question: String,
-    pub options: Vec<String>,
+    /// A choice task's options.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub options: Option<Vec<String>>,
+    /// An intent task's labels.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub labels: Option<Vec<String>>,
+    /// An intent task's head.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub head: Option<TaskHeadOut>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub draws: Option<crate::tasks::DrawSpec>,
     pub examples: usize,
     pub holdout: f64,
     pub seed: u64,

@@ -12,7 +12,7 @@ use crate::engine::{MultiQuestion, Sampling};
 use crate::route::decide::{check_question, MAX_QUESTIONS};
 use crate::route::{GenerationParams, Question, State};
 use crate::settings::Limits;
-use crate::tasks::{Abstention, Example, Kind, TaskRegistry, TaskSpec};
+use crate::tasks::{Abstention, DrawSpec, Example, Kind, TaskRegistry, TaskSpec};
 
 /// Roles a chat message may have.
 const ROLES: &[&str] = &["system", "developer", "user", "assistant", "tool"];
@@ -186,6 +186,80 @@ fn flatten_content(content: &Value, i: usize) -> Result<Value, ApiError> {
             "content must be a string or a list of text parts",
         )),
     }
+}
+
+/// Whether any message has an image content part.
+pub fn has_image_parts(messages: &[Value]) -> bool {
+    messages.iter().any(|m| {
+        m.get("content")
+            .and_then(Value::as_array)
+            .is_some_and(|parts| {
+                parts.iter().any(|p| {
+                    matches!(
+                        p.get("type").and_then(Value::as_str),
+                        Some("image_url" | "input_image" | "image")
+                    )
+                })
+            })
+    })
+}
+
+/// A chat completion with image content parts, for a backend that passes
+/// them through to its upstream's chat route: every field is checked as
+/// for any chat completion (the image parts aside; the upstream checks
+/// those), it is answered whole (no `stream`), and the body sent upstream
+/// carries the messages as the client sent them and the sampling fields it
+/// gave.
+pub fn chat_passthrough(req: &ChatCompletionRequest, limits: &Limits) -> Result<Value, ApiError> {
+    if req.stream {
+        return Err(ApiError::invalid(
+            "stream",
+            "a chat completion with image content parts is answered whole; send it without \
+             `stream`",
+        ));
+    }
+    let mut text_only = req.clone();
+    for m in &mut text_only.messages {
+        if let Some(parts) = m.get_mut("content").and_then(Value::as_array_mut) {
+            parts.retain(|p| p.get("type").and_then(Value::as_str) == Some("text"));
+        }
+    }
+    chat(&text_only, limits)?;
+    let mut body = Map::new();
+    body.insert("messages".into(), Value::Array(req.messages.clone()));
+    let fields: [(&str, Option<Value>); 10] = [
+        ("max_tokens", req.max_tokens.map(Value::from)),
+        (
+            "max_completion_tokens",
+            req.max_completion_tokens.map(Value::from),
+        ),
+        ("temperature", req.temperature.map(Value::from)),
+        ("top_p", req.top_p.map(Value::from)),
+        ("seed", req.seed.map(Value::from)),
+        (
+            "stop",
+            stops(&req.stop, limits)
+                .ok()
+                .filter(|s| !s.is_empty())
+                .map(Value::from),
+        ),
+        ("logprobs", req.logprobs.then_some(Value::Bool(true))),
+        ("top_logprobs", req.top_logprobs.map(Value::from)),
+        (
+            "chat_template_kwargs",
+            req.chat_template_kwargs.clone().map(Value::Object),
+        ),
+        ("ignore_eos", req.ignore_eos.then_some(Value::Bool(true))),
+    ];
+    for (k, v) in fields {
+        if let Some(v) = v {
+            body.insert(k.into(), v);
+        }
+    }
+    if let Some(g) = req.add_generation_prompt {
+        body.insert("add_generation_prompt".into(), Value::Bool(g));
+    }
+    Ok(Value::Object(body))
 }
 
 /// Checks chat messages and returns them as the template takes them.
@@ -469,6 +543,7 @@ pub fn decide(
                 options,
                 abstain_below: q.abstain_below,
                 temperature: q.temperature,
+                head: None,
             };
             check_question(&question, &param)?;
             Ok(question)
@@ -576,6 +651,7 @@ pub fn chat_decision(
             })?,
             abstain_below: d.abstain_below,
             temperature: d.temperature,
+            head: None,
         },
     };
     check_question(&question, "decisio")?;
@@ -616,7 +692,14 @@ fn unit(value: f64, open: bool, param: &str) -> Result<f64, ApiError> {
 
 /// A registration: a task spec and its examples, each label an option's
 /// index, or a 400 naming the field.
-pub fn task(req: &TaskRequest, limits: &Limits) -> Result<(TaskSpec, Vec<Example>), ApiError> {
+/// `layers` is the backend's tappable blocks (`None`: it returns no hidden
+/// states, so intent tasks are refused), `backend` its name.
+pub fn task(
+    req: &TaskRequest,
+    limits: &Limits,
+    layers: Option<usize>,
+    backend: &str,
+) -> Result<(TaskSpec, Vec<Example>), ApiError> {
     let name = req.name.trim();
     if name.is_empty()
         || name.len() > limits.max_task_name_bytes
@@ -634,13 +717,7 @@ pub fn task(req: &TaskRequest, limits: &Limits) -> Result<(TaskSpec, Vec<Example
     }
     let kind = match req.kind.as_deref() {
         None | Some("choice") => Kind::Choice,
-        Some("intent") => {
-            return Err(ApiError::invalid(
-                "kind",
-                "`intent` tasks (an intent head on the hidden state) are not served yet; \
-                 register a `choice` task with up to 26 options",
-            ))
-        }
+        Some("intent") => Kind::Intent,
         Some(other) => {
             return Err(ApiError::invalid(
                 "kind",
@@ -648,41 +725,29 @@ pub fn task(req: &TaskRequest, limits: &Limits) -> Result<(TaskSpec, Vec<Example
             ))
         }
     };
-    if req.labels.is_some() {
-        return Err(ApiError::invalid(
-            "labels",
-            "a `choice` task takes `options`; `labels` are for `intent` tasks",
-        ));
-    }
-    if req.head.is_some() {
-        return Err(ApiError::invalid(
-            "head",
-            "`head` applies to `intent` tasks only",
-        ));
-    }
-    let options = req
-        .options
-        .clone()
-        .ok_or_else(|| ApiError::invalid("options", "a `choice` task needs `options`"))?;
-    let probe = Question {
-        id: None,
-        text: req.question.clone(),
-        options,
-        abstain_below: None,
-        temperature: None,
+    let (labels, field, head_layer, draws) = match kind {
+        Kind::Choice => {
+            choice_only(req)?;
+            (choice_options(req)?, "options", None, None)
+        }
+        Kind::Intent => {
+            let Some(layers) = layers else {
+                return Err(ApiError::invalid(
+                    "kind",
+                    format!(
+                        "`intent` tasks read hidden states, which the {backend} backend does \
+                         not return; register a `choice` task (up to 26 options)"
+                    ),
+                ));
+            };
+            (
+                intent_labels(req, limits)?,
+                "labels",
+                head_layer(req, layers)?,
+                draws(req, limits)?,
+            )
+        }
     };
-    // The same rules as a decision's question, with the registration's names.
-    check_question(&probe, "task").map_err(|e| match ApiError::from(e) {
-        ApiError::BadRequest { message, param } => ApiError::BadRequest {
-            message,
-            param: param.map(|p| {
-                p.trim_start_matches("task.")
-                    .replacen("text", "question", 1)
-            }),
-        },
-        other => other,
-    })?;
-    let labels: Vec<String> = probe.options.iter().map(|o| o.trim().to_string()).collect();
     let n = req.examples.len();
     if n < 2 || n > limits.max_task_examples {
         return Err(ApiError::invalid(
@@ -708,7 +773,7 @@ pub fn task(req: &TaskRequest, limits: &Limits) -> Result<(TaskSpec, Vec<Example
             .ok_or_else(|| {
                 ApiError::invalid(
                     &format!("examples[{i}].label"),
-                    format!("the label `{}` is not one of the task's options", e.label),
+                    format!("the label `{}` is not one of the task's {field}", e.label),
                 )
             })?;
         counts[label] += 1;
@@ -719,8 +784,12 @@ pub fn task(req: &TaskRequest, limits: &Limits) -> Result<(TaskSpec, Vec<Example
     }
     if let Some(j) = counts.iter().position(|&c| c == 0) {
         return Err(ApiError::invalid(
-            &format!("options[{j}]"),
-            format!("the option `{}` has no example", labels[j]),
+            &format!("{field}[{j}]"),
+            format!(
+                "the {} `{}` has no example",
+                &field[..field.len() - 1],
+                labels[j]
+            ),
         ));
     }
     let holdout = unit(req.holdout.unwrap_or(0.2), true, "holdout")?;
@@ -764,7 +833,165 @@ pub fn task(req: &TaskRequest, limits: &Limits) -> Result<(TaskSpec, Vec<Example
             holdout,
             seed,
             abstention,
+            head_layer,
+            draws,
         },
         examples,
     ))
+}
+
+/// Fields of intent tasks, refused on a choice task.
+fn choice_only(req: &TaskRequest) -> Result<(), ApiError> {
+    for (set, field) in [
+        (req.labels.is_some(), "labels"),
+        (req.head.is_some(), "head"),
+        (req.draws.is_some(), "draws"),
+        (req.shots.is_some(), "shots"),
+    ] {
+        if set {
+            return Err(ApiError::invalid(
+                field,
+                format!(
+                    "`{field}` applies to `intent` tasks only (a `choice` task takes `options`)"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A choice task's options, checked as a decision's question is.
+fn choice_options(req: &TaskRequest) -> Result<Vec<String>, ApiError> {
+    let options = req
+        .options
+        .clone()
+        .ok_or_else(|| ApiError::invalid("options", "a `choice` task needs `options`"))?;
+    let probe = Question {
+        id: None,
+        text: req.question.clone(),
+        options,
+        abstain_below: None,
+        temperature: None,
+        head: None,
+    };
+    // The same rules as a decision's question, with the registration's names.
+    check_question(&probe, "task").map_err(|e| match ApiError::from(e) {
+        ApiError::BadRequest { message, param } => ApiError::BadRequest {
+            message,
+            param: param.map(|p| {
+                p.trim_start_matches("task.")
+                    .replacen("text", "question", 1)
+            }),
+        },
+        other => other,
+    })?;
+    Ok(probe.options.iter().map(|o| o.trim().to_string()).collect())
+}
+
+/// An intent task's labels: 2 to `max_task_labels`, none empty, none
+/// twice, none longer than `max_task_label_bytes`.
+fn intent_labels(req: &TaskRequest, limits: &Limits) -> Result<Vec<String>, ApiError> {
+    if req.options.is_some() {
+        return Err(ApiError::invalid(
+            "options",
+            "an `intent` task takes `labels`; `options` are for `choice` tasks",
+        ));
+    }
+    if req.question.trim().is_empty() {
+        return Err(ApiError::invalid("question", "the question is empty"));
+    }
+    let labels = req
+        .labels
+        .as_ref()
+        .ok_or_else(|| ApiError::invalid("labels", "an `intent` task needs `labels`"))?;
+    let max = limits.max_task_labels;
+    if labels.len() < 2 || labels.len() > max {
+        return Err(ApiError::invalid(
+            "labels",
+            format!(
+                "an intent task takes 2 to {max} labels; got {}",
+                labels.len()
+            ),
+        ));
+    }
+    let mut seen = std::collections::HashSet::new();
+    let mut out = Vec::with_capacity(labels.len());
+    for (i, l) in labels.iter().enumerate() {
+        let l = l.trim();
+        if l.is_empty() {
+            return Err(ApiError::invalid(
+                &format!("labels[{i}]"),
+                "a label is empty",
+            ));
+        }
+        if l.len() > limits.max_task_label_bytes {
+            return Err(ApiError::invalid(
+                &format!("labels[{i}]"),
+                format!(
+                    "a label is at most {} bytes; this one is {}",
+                    limits.max_task_label_bytes,
+                    l.len()
+                ),
+            ));
+        }
+        if !seen.insert(l) {
+            return Err(ApiError::invalid(
+                &format!("labels[{i}]"),
+                format!("the label `{l}` appears twice"),
+            ));
+        }
+        out.push(l.to_string());
+    }
+    Ok(out)
+}
+
+/// `head.layer`: -1 or absent for the final norm's output, else a block
+/// index below `layers`.
+fn head_layer(req: &TaskRequest, layers: usize) -> Result<Option<usize>, ApiError> {
+    match req.head.as_ref().and_then(|h| h.layer) {
+        None | Some(-1) => Ok(None),
+        Some(k) if k >= 0 && (k as u64) < layers as u64 => Ok(Some(k as usize)),
+        Some(k) => Err(ApiError::invalid(
+            "head.layer",
+            format!(
+                "`head.layer` is -1 (the final norm's output) or a block of this model, 0 to {}; \
+                 got {k}",
+                layers.saturating_sub(1)
+            ),
+        )),
+    }
+}
+
+/// `draws` and `shots`: both or neither, draws 1 to `max_task_draws`,
+/// shots at least 1.
+fn draws(req: &TaskRequest, limits: &Limits) -> Result<Option<DrawSpec>, ApiError> {
+    match (req.draws, req.shots) {
+        (None, None) => Ok(None),
+        (Some(d), Some(s)) => {
+            if d < 1 || d as u64 > limits.max_task_draws as u64 {
+                return Err(ApiError::invalid(
+                    "draws",
+                    format!("`draws` is 1 to {}; got {d}", limits.max_task_draws),
+                ));
+            }
+            if s < 1 || s as u64 > limits.max_task_examples as u64 {
+                return Err(ApiError::invalid(
+                    "shots",
+                    format!("`shots` (examples per label in each draw) is at least 1; got {s}"),
+                ));
+            }
+            Ok(Some(DrawSpec {
+                draws: d as usize,
+                shots: s as usize,
+            }))
+        }
+        (Some(_), None) => Err(ApiError::invalid(
+            "shots",
+            "`draws` needs `shots`: the examples per label in each draw",
+        )),
+        (None, Some(_)) => Err(ApiError::invalid(
+            "draws",
+            "`shots` needs `draws`: how many heads to fit",
+        )),
+    }
 }

@@ -16,9 +16,10 @@
 //! `docs/design/tasks.md` states every rule.
 
 pub mod calibrate;
+pub mod head;
 pub mod store;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -27,6 +28,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 use self::calibrate::{Figures, Threshold};
+use self::head::{DrawsReport, Head, HeadReport};
 use self::store::Store;
 use crate::engine::EngineError;
 use crate::metrics::Metrics;
@@ -119,6 +121,20 @@ pub struct TaskSpec {
     pub holdout: f64,
     pub seed: u64,
     pub abstention: Option<Abstention>,
+    /// An intent head's feature: block `head_layer`'s output, or the final
+    /// norm's when `None`.
+    #[serde(default)]
+    pub head_layer: Option<usize>,
+    /// Heads fitted on draws of few examples per label (intent tasks).
+    #[serde(default)]
+    pub draws: Option<DrawSpec>,
+}
+
+/// `draws` heads, each fitted on `shots` examples per label.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DrawSpec {
+    pub draws: usize,
+    pub shots: usize,
 }
 
 /// How far a registration has come.
@@ -140,7 +156,7 @@ pub struct Progress {
 /// What a ready task was fitted to and how well.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Report {
-    /// The fitted letter temperature.
+    /// The fitted temperature (of the letters, or of an intent head).
     pub temperature: f64,
     pub fit_examples: usize,
     pub holdout_examples: usize,
@@ -154,6 +170,12 @@ pub struct Report {
     pub abstention: Option<Threshold>,
     /// Seconds of scoring and fitting (over all restarts).
     pub seconds: f64,
+    /// An intent task's served head: how it was fitted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head: Option<HeadReport>,
+    /// An intent task's heads over draws, when asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draws: Option<DrawsReport>,
 }
 
 /// A task as the state folder keeps it.
@@ -211,6 +233,8 @@ pub struct TaskLimits {
 /// The tasks of one server, and the worker that registers them.
 pub struct TaskRegistry {
     tasks: Mutex<BTreeMap<String, TaskRecord>>,
+    /// The heads of ready intent tasks, by task id.
+    heads: Mutex<HashMap<String, Arc<Head>>>,
     wake: Condvar,
     store: Store,
     route: Arc<TextRoute>,
@@ -245,7 +269,20 @@ impl TaskRegistry {
         let store = Store::open(root)?;
         let model = route.engine().info().identity.clone();
         let mut tasks = BTreeMap::new();
+        let mut heads = HashMap::new();
         for mut record in store.load()? {
+            if record.status == Status::Ready && record.spec.kind == Kind::Intent {
+                match store.load_head(&record.id) {
+                    Ok(h) => {
+                        heads.insert(record.id.clone(), Arc::new(h));
+                    }
+                    Err(e) => {
+                        record.status = Status::Failed;
+                        record.error = Some(format!("its head cannot be read: {e}"));
+                        store.save(&record)?;
+                    }
+                }
+            }
             if record.status.pending() {
                 if record.model != model {
                     record.status = Status::Failed;
@@ -272,6 +309,7 @@ impl TaskRegistry {
         tracing::info!("state folder {}: {} task(s)", root.display(), tasks.len());
         let registry = Arc::new(TaskRegistry {
             tasks: Mutex::new(tasks),
+            heads: Mutex::new(heads),
             wake: Condvar::new(),
             store,
             metrics: route.metrics.clone(),
@@ -289,6 +327,10 @@ impl TaskRegistry {
 
     fn lock(&self) -> MutexGuard<'_, BTreeMap<String, TaskRecord>> {
         self.tasks.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn heads_lock(&self) -> MutexGuard<'_, HashMap<String, Arc<Head>>> {
+        self.heads.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn update_gauges(&self, tasks: &BTreeMap<String, TaskRecord>) {
@@ -403,6 +445,7 @@ impl TaskRegistry {
         } else {
             self.store.remove(id).map_err(TaskError::Store)?;
             let record = tasks.remove(id).expect("present");
+            self.heads_lock().remove(id);
             tracing::info!("task `{}` ({id}): removed", record.spec.name);
             Deleted::Removed(record)
         };
@@ -465,6 +508,26 @@ impl TaskRegistry {
                 ),
             });
         }
+        let head = match record.spec.kind {
+            Kind::Choice => None,
+            Kind::Intent => {
+                if self.route.engine().hidden_layers().is_none() {
+                    return Err(TaskError::Invalid {
+                        param: param.to_string(),
+                        message: format!(
+                            "the task `{name}` is an intent task, answered from hidden states, \
+                             which the {} backend does not return",
+                            self.route.engine().capabilities().name
+                        ),
+                    });
+                }
+                let head = self.heads_lock().get(&record.id).cloned();
+                Some(head.ok_or_else(|| TaskError::NotReady {
+                    param: param.to_string(),
+                    message: format!("the task `{name}` has no head loaded; register it again"),
+                })?)
+            }
+        };
         Ok(Question {
             id,
             text: record.spec.question.clone(),
@@ -472,6 +535,7 @@ impl TaskRegistry {
             abstain_below: abstain_below
                 .or_else(|| report.abstention.as_ref().and_then(|a| a.abstain_below)),
             temperature: temperature.or(Some(report.temperature)),
+            head,
         })
     }
 
@@ -531,7 +595,13 @@ impl TaskRegistry {
         let spec = record.spec.clone();
         let examples = self.store.load_examples(id)?;
         let mut logits = self.store.load_checkpoint(id)?;
-        if logits.len() > examples.len() || logits.iter().any(|l| l.len() != spec.labels.len()) {
+        // A choice task's rows are its letters' logits; an intent task's,
+        // hidden states of one width.
+        let width = match spec.kind {
+            Kind::Choice => Some(spec.labels.len()),
+            Kind::Intent => logits.first().map(|l| l.len()),
+        };
+        if logits.len() > examples.len() || logits.iter().any(|l| Some(l.len()) != width) {
             logits.clear();
         }
         let resumed = logits.len();
@@ -557,6 +627,7 @@ impl TaskRegistry {
             options: spec.labels.clone(),
             abstain_below: None,
             temperature: None,
+            head: None,
         };
         let (mut last_save, mut last_log) = (Instant::now(), Instant::now());
         for i in resumed..examples.len() {
@@ -564,7 +635,7 @@ impl TaskRegistry {
                 self.store.remove_checkpoint(id);
                 return Ok(());
             }
-            logits.push(self.readout(&examples[i].state, &question, i)?);
+            logits.push(self.readout(&examples[i].state, &question, &spec, i)?);
             self.metrics.task_registration_examples.inc();
             let done = logits.len();
             let elapsed = started.elapsed().as_secs_f64();
@@ -598,8 +669,23 @@ impl TaskRegistry {
             }
         }
         let labels: Vec<usize> = examples.iter().map(|e| e.label).collect();
-        let mut report = fit(&spec, &logits, &labels, self.route.default_temperature);
+        let (mut report, head) = match spec.kind {
+            Kind::Choice => (
+                fit(&spec, &logits, &labels, self.route.default_temperature),
+                None,
+            ),
+            Kind::Intent => {
+                let (report, head) = fit_intent(&spec, &logits, &labels)?;
+                (report, Some(head))
+            }
+        };
         report.seconds = before + started.elapsed().as_secs_f64();
+        if let Some(h) = &head {
+            // The head is on disk before the record says ready.
+            self.store.save_head(id, h)?;
+            self.heads_lock()
+                .insert(id.to_string(), Arc::new(h.clone()));
+        }
         let figures = (report.temperature, report.before.ece, report.after.ece);
         let Some(()) = self.update(id, |r| {
             r.status = Status::Ready;
@@ -631,14 +717,29 @@ impl TaskRegistry {
         self.lock().get(id).is_some_and(|r| r.status.pending())
     }
 
-    /// The letter logits of one example: one engine job, offered again
-    /// while the engine's queue is full or the model is loading.
-    fn readout(&self, state: &str, question: &Question, i: usize) -> Result<Vec<f32>, String> {
+    /// The letter logits (an intent task: the hidden state) of one
+    /// example: one engine job, offered again while the engine's queue is
+    /// full or the model is loading.
+    fn readout(
+        &self,
+        state: &str,
+        question: &Question,
+        spec: &TaskSpec,
+        i: usize,
+    ) -> Result<Vec<f32>, String> {
         loop {
-            let job = self
-                .route
-                .readout(State::Text(state.to_string()), question.clone());
-            match futures::executor::block_on(job) {
+            let state = State::Text(state.to_string());
+            let result = match spec.kind {
+                Kind::Choice => {
+                    futures::executor::block_on(self.route.readout(state, question.clone()))
+                }
+                Kind::Intent => futures::executor::block_on(self.route.features(
+                    state,
+                    intent_probe(question),
+                    spec.head_layer,
+                )),
+            };
+            match result {
                 Ok(logits) => return Ok(logits),
                 Err(RouteError::Engine(EngineError::QueueFull(_))) => {
                     std::thread::sleep(QUEUE_FULL_WAIT)
@@ -680,5 +781,81 @@ pub fn fit(spec: &TaskSpec, logits: &[Vec<f32>], labels: &[usize], default_t: f6
         after: calibrate::figures(&hl, &hy, t),
         abstention,
         seconds: 0.0,
+        head: None,
+        draws: None,
     }
+}
+
+/// The question an intent task's examples are read with: the task's
+/// question alone (a head stands in for the letters).
+fn intent_probe(question: &Question) -> Question {
+    Question {
+        head: Some(Arc::new(Head {
+            layer: None,
+            dim: 0,
+            labels: question.options.len(),
+            mean: Vec::new(),
+            scale: Vec::new(),
+            weights: Vec::new(),
+            bias: Vec::new(),
+            temperature: 1.0,
+            c: 1.0,
+        })),
+        ..question.clone()
+    }
+}
+
+/// Fits an intent task on its examples' hidden states: the seeded
+/// stratified split, the head on the fit split (cross-validated strength,
+/// temperature on the out-of-fold logits), the figures and the threshold
+/// on the holdout, and the draws when asked for.
+pub fn fit_intent(
+    spec: &TaskSpec,
+    features: &[Vec<f32>],
+    labels: &[usize],
+) -> Result<(Report, Head), String> {
+    let n_labels = spec.labels.len();
+    let (fit_idx, held_idx) = head::stratified_split(labels, n_labels, spec.holdout, spec.seed);
+    let rows: Vec<&[f32]> = features.iter().map(|f| f.as_slice()).collect();
+    let fx: Vec<&[f32]> = fit_idx.iter().map(|&i| rows[i]).collect();
+    let fy: Vec<usize> = fit_idx.iter().map(|&i| labels[i]).collect();
+    let hx: Vec<&[f32]> = held_idx.iter().map(|&i| rows[i]).collect();
+    let hy: Vec<usize> = held_idx.iter().map(|&i| labels[i]).collect();
+    let fitted = head::fit(&fx, &fy, n_labels, spec.head_layer, spec.seed)?;
+    let (before, after) = head::figures(&fitted.head, &hx, &hy);
+    let held_logits = head::logits(&fitted.head, &hx);
+    let pairs = calibrate::confidences(&held_logits, &hy, fitted.head.temperature);
+    let abstention = spec.abstention.map(|a| match a {
+        Abstention::TargetAccuracy(target) => calibrate::threshold_for_target(&pairs, target),
+        Abstention::AbstainBelow(b) => calibrate::threshold_fixed(&pairs, b),
+    });
+    let draws = match spec.draws {
+        Some(d) => Some(head::draws(
+            &rows,
+            labels,
+            n_labels,
+            &fit_idx,
+            &held_idx,
+            d.draws,
+            d.shots,
+            spec.head_layer,
+            spec.seed,
+        )?),
+        None => None,
+    };
+    Ok((
+        Report {
+            temperature: fitted.head.temperature,
+            fit_examples: fx.len(),
+            holdout_examples: hx.len(),
+            holdout_indices: held_idx,
+            before,
+            after,
+            abstention,
+            seconds: 0.0,
+            head: Some(fitted.report),
+            draws,
+        },
+        fitted.head,
+    ))
 }

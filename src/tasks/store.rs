@@ -1,5 +1,6 @@
-//! The state folder: one JSON file per task and a checkpoint of the letter
-//! logits scored so far, each written atomically (a temporary file in the
+//! The state folder: one JSON file per task, its examples, a checkpoint of
+//! the letter logits (or, for an intent task, hidden states) scored so far
+//! and an intent task's head, each written atomically (a temporary file in the
 //! same folder, fsync, rename, fsync of the folder), so a crash leaves
 //! either the old file or the new one, never half of one.
 
@@ -10,7 +11,16 @@ use std::path::{Path, PathBuf};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+use super::head::Head;
 use super::{Example, TaskRecord, FORMAT_VERSION};
+
+/// An intent task's fitted head.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct HeadFile {
+    pub format_version: u32,
+    pub id: String,
+    pub head: Head,
+}
 
 /// The checkpoint of a registration: the letter logits of its first
 /// `logits.len()` examples, in example order.
@@ -151,6 +161,26 @@ impl Store {
         self.dir.join(format!("{id}.examples.json"))
     }
 
+    fn head_path(&self, id: &str) -> PathBuf {
+        self.dir.join(format!("{id}.head.json"))
+    }
+
+    pub fn save_head(&self, id: &str, head: &Head) -> Result<(), String> {
+        let h = HeadFile {
+            format_version: FORMAT_VERSION,
+            id: id.to_string(),
+            head: head.clone(),
+        };
+        let bytes = serde_json::to_vec(&h).map_err(|e| e.to_string())?;
+        let path = self.head_path(id);
+        write_atomic(&path, &bytes).map_err(|e| format!("cannot write {}: {e}", path.display()))
+    }
+
+    pub fn load_head(&self, id: &str) -> Result<Head, String> {
+        let h: HeadFile = read_json(&self.head_path(id))?;
+        Ok(h.head)
+    }
+
     pub fn save_examples(&self, id: &str, examples: &[Example]) -> Result<(), String> {
         let e = Examples {
             format_version: FORMAT_VERSION,
@@ -172,7 +202,9 @@ impl Store {
         let mut out = Vec::new();
         for path in self.files()? {
             let name = path.file_name().unwrap_or_default().to_string_lossy();
-            let side = name.ends_with(".scores.json") || name.ends_with(".examples.json");
+            let side = name.ends_with(".scores.json")
+                || name.ends_with(".examples.json")
+                || name.ends_with(".head.json");
             if name.ends_with(".json") && !side && !name.starts_with('.') {
                 out.push(read_json(&path)?);
             }
@@ -215,6 +247,7 @@ impl Store {
     pub fn remove(&self, id: &str) -> Result<(), String> {
         self.remove_checkpoint(id);
         let _ = fs::remove_file(self.examples_path(id));
+        let _ = fs::remove_file(self.head_path(id));
         let path = self.record_path(id);
         match fs::remove_file(&path) {
             Ok(()) => {}

@@ -89,7 +89,17 @@ impl Server {
     /// Like [`Server::spawn`], on a given port (to restart a server where
     /// it was).
     pub fn spawn_on(port: u16, extra: &[&str]) -> Server {
-        let model = model_dir();
+        Self::spawn_model(port, model_dir().as_os_str(), &[], extra)
+    }
+
+    /// Like [`Server::spawn_on`], with any `--model` and extra environment
+    /// variables.
+    pub fn spawn_model(
+        port: u16,
+        model: &std::ffi::OsStr,
+        env: &[(&str, &std::ffi::OsStr)],
+        extra: &[&str],
+    ) -> Server {
         let own_state =
             (!extra.contains(&"--state-dir")).then(|| fresh_dir(&format!("state-{port}")));
         let state_args: Vec<&std::ffi::OsStr> = match &own_state {
@@ -98,7 +108,7 @@ impl Server {
         };
         let child = Command::new(env!("CARGO_BIN_EXE_decisio"))
             .args(["serve", "--model"])
-            .arg(&model)
+            .arg(model)
             .args([
                 "--served-model-name",
                 "smollm2",
@@ -107,6 +117,7 @@ impl Server {
             ])
             .args(extra)
             .args(state_args)
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()

@@ -70,3 +70,36 @@ def test_a_registered_task_answers_through_the_sdk(client):
             messages=[{"role": "system", "content": "x"}, {"role": "user", "content": "y"}],
             extra_body={"decisio": {"task": "refund"}})
     assert e.value.body["param"] == "decisio.task"
+
+
+INTENT = EXAMPLE.parent / "task_intent.json"
+
+
+def test_an_intent_task_answers_with_a_label_through_the_sdk(client):
+    body = json.loads(INTENT.read_text())
+    task = client.post("/tasks", cast_to=object, body=body)
+    assert task["kind"] == "intent" and task["labels"] == body["labels"]
+    tid = task["id"]
+    deadline = time.time() + 300
+    while task["status"] in ("queued", "running"):
+        assert time.time() < deadline, task
+        time.sleep(0.3)
+        task = client.get(f"/tasks/{tid}", cast_to=object)
+    assert task["status"] == "ready", task
+    result = task["result"]
+    assert result["head"]["layer"] == -1 and result["head"]["dim"] > 0
+    assert len(result["draws"]["per_draw"]) == body["draws"]
+
+    r = client.chat.completions.create(
+        model="smollm2",
+        messages=[{"role": "system", "content": "I left my card on the bus and it is gone."},
+                  {"role": "user", "content": "?"}],
+        extra_body={"decisio": {"task": "banking", "abstain_below": 0.001}})
+    answer = r.model_extra["decisio"]["answer"]
+    assert answer["letter"] is None
+    assert set(answer["probabilities"]) == set(body["labels"])
+    assert r.choices[0].message.content == answer["label"] == answer["option"]
+    top = r.choices[0].logprobs.content[0].top_logprobs
+    assert {x.token for x in top} == set(body["labels"])
+    assert sum(math.exp(x.logprob) for x in top) == pytest.approx(1.0, abs=1e-4)
+    assert client.delete(f"/tasks/{tid}", cast_to=object)["deleted"] is True

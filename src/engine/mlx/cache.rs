@@ -126,6 +126,24 @@ impl WindowCache {
     }
 }
 
+/// The state of one Gated DeltaNet layer: the last `kernel - 1` inputs of
+/// its causal convolution `[batch, kernel - 1, conv_dim]` and the recurrent
+/// state `[batch, value_heads, value_dim, key_dim]` (float32). Both are
+/// replaced, not appended to, at each step, so their size does not grow
+/// with the sequence.
+#[derive(Clone, Default)]
+pub struct DeltaCache {
+    pub conv: Option<Array>,
+    pub state: Option<Array>,
+}
+
+impl DeltaCache {
+    /// Arrays to evaluate so that the cache holds computed data.
+    pub fn arrays(&self) -> impl Iterator<Item = &Array> {
+        self.conv.iter().chain(self.state.iter())
+    }
+}
+
 /// One layer's cache. Each architecture holds the kinds its layers need;
 /// all of them are immutable MLX arrays underneath, so cloning a cache is a
 /// snapshot.
@@ -135,6 +153,8 @@ pub enum LayerCache {
     Kv(KvCache),
     /// Keys and values of the last positions (sliding-window attention).
     Window(WindowCache),
+    /// Convolution inputs and recurrent state (Gated DeltaNet).
+    Delta(DeltaCache),
 }
 
 impl LayerCache {
@@ -164,6 +184,7 @@ impl LayerCache {
         match self {
             LayerCache::Kv(c) => Box::new(c.arrays()),
             LayerCache::Window(c) => Box::new(c.arrays()),
+            LayerCache::Delta(c) => Box::new(c.arrays()),
         }
     }
 

@@ -8,7 +8,7 @@ use super::loader::{Quant, Weights};
 use super::MlxResult;
 
 /// The dense matrix a quantized module stands for, evaluated once.
-fn dequantized(w: &Weights, name: &str, quant: Quant) -> MlxResult<Array> {
+pub(super) fn dequantized(w: &Weights, name: &str, quant: Quant) -> MlxResult<Array> {
     let dense = ops::dequantize(
         w.take(&format!("{name}.weight"))?,
         w.take(&format!("{name}.scales"))?,

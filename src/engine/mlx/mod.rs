@@ -5,6 +5,16 @@
 //! (a full queue is an immediate error, not a wait) and read the job's events
 //! from a channel of its own; dropping that receiver cancels the job between
 //! two tokens.
+//!
+//! Completions reuse prefilled prompts as vLLM's automatic prefix cache
+//! does: every state a decision prefilled and every completion prompt is
+//! kept in the prefix cache and listed in a `PromptIndex` by its token
+//! ids; a completion whose prompt starts with a kept prompt continues from
+//! its snapshot and runs only the rest. The prefix is then computed exactly
+//! as a decision computes its state (the same chunks from position 0) and
+//! the rest as a decision's suffix, so a token-id completion of a state
+//! and a question gives the same bits as the decision
+//! (`docs/design/vllm.md`, parity).
 
 pub mod cache;
 pub mod gemma4;
@@ -12,6 +22,7 @@ pub mod host;
 pub mod layers;
 pub mod llama;
 pub mod loader;
+pub mod qwen3_5;
 pub mod sample;
 
 use std::collections::HashMap;
@@ -114,6 +125,8 @@ const LOADERS: &[(&str, Loader)] = &[
     ("llama", llama::Model::boxed),
     ("gemma4", gemma4::Model::boxed),
     ("gemma4_text", gemma4::Model::boxed),
+    ("qwen3_5", qwen3_5::Model::boxed),
+    ("qwen3_5_moe", qwen3_5::Model::boxed),
 ];
 
 /// The `model_type`s this backend implements.
@@ -282,11 +295,12 @@ fn describe_config(config: &serde_json::Value) -> MlxResult<ModelInfo> {
     if !architectures().any(|a| a == model_type) {
         return Err(unsupported(model_type));
     }
-    // A multimodal wrapper keeps the language model's sizes in text_config.
+    // Vision-language checkpoints nest the text model's settings.
+    let text = config.get("text_config");
     let get = |k: &str| {
         config
             .get(k)
-            .or_else(|| config.get("text_config").and_then(|t| t.get(k)))
+            .or_else(|| text.and_then(|t| t.get(k)))
             .and_then(|v| v.as_u64())
             .map(|v| v as usize)
     };
@@ -348,14 +362,17 @@ impl Snapshot {
 }
 
 /// What identifies a question's scores on one state: its suffix, the ids
-/// read and whether hidden states were asked for.
-fn answer_key(q: &QuestionTokens, hidden: bool) -> [u8; 32] {
+/// read, whether hidden states were asked for and of which block.
+fn answer_key(q: &QuestionTokens, hidden: bool, layer: Option<usize>) -> [u8; 32] {
     let mut h = Sha256::new();
     h.update((q.suffix.len() as u64).to_le_bytes());
     for t in q.suffix.iter().chain(&q.read) {
         h.update(t.to_le_bytes());
     }
     h.update([u8::from(hidden)]);
+    if hidden {
+        h.update(layer.map_or(u64::MAX, |l| l as u64).to_le_bytes());
+    }
     h.finalize().into()
 }
 
@@ -372,9 +389,75 @@ impl Weighed for Snapshot {
     }
 }
 
+/// Prompts whose snapshots are in the prefix cache, by a hash of their
+/// token ids, so that a completion finds the longest kept prompt its own
+/// starts with. Bounded: the oldest entries are forgotten past
+/// [`PromptIndex::CAPACITY`] (their snapshots stay until the cache evicts
+/// them); an entry whose snapshot was evicted is simply a miss.
+#[derive(Default)]
+struct PromptIndex {
+    /// (length, hash of the ids) → the snapshot's key in the prefix cache.
+    keys: HashMap<(usize, [u8; 32]), super::StateHash>,
+    /// How many entries have each length.
+    lengths: std::collections::BTreeMap<usize, usize>,
+    order: std::collections::VecDeque<(usize, [u8; 32])>,
+}
+
+impl PromptIndex {
+    const CAPACITY: usize = 4096;
+
+    fn hash(ids: &[u32]) -> [u8; 32] {
+        let mut h = Sha256::new();
+        for id in ids {
+            h.update(id.to_le_bytes());
+        }
+        h.finalize().into()
+    }
+
+    fn record(&mut self, ids: &[u32], key: super::StateHash) {
+        let k = (ids.len(), Self::hash(ids));
+        if self.keys.insert(k, key).is_some() {
+            return;
+        }
+        *self.lengths.entry(k.0).or_default() += 1;
+        self.order.push_back(k);
+        while self.order.len() > Self::CAPACITY {
+            let Some(old) = self.order.pop_front() else {
+                break;
+            };
+            self.keys.remove(&old);
+            if let Some(n) = self.lengths.get_mut(&old.0) {
+                *n -= 1;
+                if *n == 0 {
+                    self.lengths.remove(&old.0);
+                }
+            }
+        }
+    }
+
+    /// Keys of kept prompts that `prompt` strictly extends, longest first.
+    fn prefixes_of(&self, prompt: &[u32]) -> Vec<(usize, super::StateHash)> {
+        self.lengths
+            .range(1..prompt.len())
+            .rev()
+            .filter_map(|(&len, _)| {
+                let key = self.keys.get(&(len, Self::hash(&prompt[..len])))?;
+                Some((len, *key))
+            })
+            .collect()
+    }
+}
+
+/// The key under which a completion's prompt is kept.
+fn prompt_key(ids: &[u32]) -> super::StateHash {
+    super::StateHash::new("", "", "completion-prompt", ids)
+}
+
 /// The MLX backend behind the [`Engine`] seam.
 pub struct MlxEngine {
     info: ModelInfo,
+    /// Decoder blocks (`num_hidden_layers` of config.json).
+    layers: Option<usize>,
     jobs: mpsc::Sender<Job>,
     depth: Arc<AtomicUsize>,
     status: Arc<Mutex<EngineStatus>>,
@@ -387,6 +470,10 @@ impl MlxEngine {
     /// Returns at once; [`Engine::status`] says when the model is ready.
     pub fn start(dir: PathBuf, options: MlxOptions) -> MlxResult<Self> {
         let info = MlxModel::describe(&dir)?;
+        let layers = loader::read_config(&dir)?
+            .get("num_hidden_layers")
+            .and_then(|v| v.as_u64())
+            .map(|v| v as usize);
         let max_queue = options.max_queue.max(1);
         let padding = options.padding;
         let (jobs, rx) = mpsc::channel(max_queue);
@@ -399,6 +486,7 @@ impl MlxEngine {
             .map_err(|e| MlxError::Config(format!("cannot start the engine thread: {e}")))?;
         Ok(MlxEngine {
             info,
+            layers,
             jobs,
             depth,
             status,
@@ -461,6 +549,10 @@ impl Engine for MlxEngine {
             ..Capabilities::default()
         }
     }
+
+    fn hidden_layers(&self) -> Option<usize> {
+        self.layers
+    }
 }
 
 fn engine_thread(
@@ -493,10 +585,15 @@ fn engine_thread(
     set(EngineStatus::Ready);
     let prefix_cache: PrefixCache<Snapshot> =
         PrefixCache::new(options.prefix_cache_mib, options.metrics.clone());
+    let mut prompts = PromptIndex::default();
     while let Some(job) = jobs.blocking_recv() {
         match job {
             Job::Generate { request, events } => {
-                if let Err(e) = generate(&model, &options, &request, &events) {
+                let kept = Kept {
+                    cache: &prefix_cache,
+                    index: &mut prompts,
+                };
+                if let Err(e) = generate(&model, &options, kept, &request, &events) {
                     let _ = events.blocking_send(Err(EngineError::Model(e.to_string())));
                 }
             }
@@ -504,6 +601,12 @@ fn engine_thread(
                 if !reply.is_closed() {
                     let result = score(&model, &options, &prefix_cache, &request)
                         .map_err(|e| EngineError::Model(e.to_string()));
+                    if request.cache
+                        && result.is_ok()
+                        && prefix_cache.peek(&request.state).is_some()
+                    {
+                        prompts.record(&request.prefix, request.state);
+                    }
                     let _ = reply.send(result);
                 }
             }
@@ -544,7 +647,7 @@ fn score(
     };
     let mut questions = Vec::with_capacity(request.questions.len());
     for q in &request.questions {
-        let key = answer_key(q, request.hidden);
+        let key = answer_key(q, request.hidden, request.hidden_layer);
         if let Some(known) = lock(&snapshot.answers).get(&key) {
             questions.push(QuestionScore {
                 seconds: 0.0,
@@ -555,7 +658,9 @@ fn score(
         }
         let started = Instant::now();
         let mut cache = snapshot.cache.clone();
-        let last = model.last_hidden(&q.suffix, &mut cache)?;
+        let tap = request.hidden_layer.filter(|_| request.hidden);
+        let taken = model.last_hidden_tap(&q.suffix, &mut cache, tap)?;
+        let last = taken.normed;
         let logits = ops::reshape(model.logits(&last)?.as_type::<f32>()?, &[-1])?;
         let norm = ops::logsumexp(&logits, false)?;
         let read: Vec<i32> = q.read.iter().map(|&t| t as i32).collect();
@@ -564,7 +669,7 @@ fn score(
         let logprobs = ops::subtract(&picked, &norm)?;
         let hidden = request
             .hidden
-            .then(|| ops::reshape(last.as_type::<f32>()?, &[-1]))
+            .then(|| ops::reshape(taken.tap.as_ref().unwrap_or(&last).as_type::<f32>()?, &[-1]))
             .transpose()?;
         let mut arrays = vec![&picked, &logprobs];
         arrays.extend(hidden.iter());
@@ -615,22 +720,68 @@ fn host_row(a: &Array) -> MlxResult<Vec<f32>> {
     Ok(a.as_slice::<f32>().to_vec())
 }
 
+/// The prefix cache and its index of prompts, for the generate path.
+struct Kept<'a> {
+    cache: &'a PrefixCache<Snapshot>,
+    index: &'a mut PromptIndex,
+}
+
+/// The last hidden state of `prompt` and the caches after it: continued
+/// from the longest kept prompt it extends (its rest run as a decision runs
+/// a question's suffix), else prefilled from position 0 as a decision
+/// prefills a state and then kept for later prompts.
+fn prefill_prompt(
+    model: &MlxModel,
+    options: &MlxOptions,
+    kept: Kept<'_>,
+    prompt: &[u32],
+) -> MlxResult<(Array, ModelCache)> {
+    for (len, key) in kept.index.prefixes_of(prompt) {
+        if let Some(snapshot) = kept.cache.peek(&key) {
+            tracing::debug!(
+                "completion of {} tokens continues a kept prompt of {len}",
+                prompt.len()
+            );
+            let mut cache = snapshot.cache.clone();
+            // In one pass, as a decision runs a question's suffix (whatever
+            // its length: both are bounded by the context length).
+            let last = model.last_hidden(&prompt[len..], &mut cache)?;
+            return Ok((last, cache));
+        }
+    }
+    tracing::debug!("completion of {} tokens: no kept prompt", prompt.len());
+    let mut cache = model.new_cache();
+    let last = model.prefill(prompt, &mut cache, options.prefill_chunk)?;
+    cache.eval()?;
+    if kept.cache.enabled() {
+        let key = prompt_key(prompt);
+        if kept
+            .cache
+            .insert(key, Arc::new(Snapshot::new(cache.clone(), 0)))
+        {
+            kept.index.record(prompt, key);
+        }
+    }
+    Ok((last, cache))
+}
+
 fn generate(
     model: &MlxModel,
     options: &MlxOptions,
+    kept: Kept<'_>,
     request: &GenerateRequest,
     events: &mpsc::Sender<Result<GenerateEvent, EngineError>>,
 ) -> MlxResult<()> {
     let send = |e: GenerateEvent| events.blocking_send(Ok(e)).is_ok();
-    let mut cache = model.new_cache();
-    let mut hidden = if let Some(k) = request.prompt_logprobs {
+    let (mut hidden, mut cache) = if let Some(k) = request.prompt_logprobs {
+        let mut cache = model.new_cache();
         let (last, lps) = prompt_logprobs(model, &request.prompt, &mut cache, k, options)?;
         if !send(GenerateEvent::Prompt(lps)) {
             return Ok(());
         }
-        last
+        (last, cache)
     } else {
-        model.prefill(&request.prompt, &mut cache, options.prefill_chunk)?
+        prefill_prompt(model, options, kept, &request.prompt)?
     };
     let mut rng = request
         .sampling

@@ -34,9 +34,9 @@ use tokio::sync::{mpsc, oneshot};
 use self::pool::{Pool, Probed, Upstream, UpstreamError};
 use self::protocol::{token_id, CompletionRequest, CompletionResponse, ModelList};
 use super::{
-    Capabilities, Engine, EngineError, EngineStatus, FinishReason, GenerateEvent, GenerateRequest,
-    GenerateStream, ModelInfo, MultiQuestion, PadPolicy, QuestionScore, QuestionTokens,
-    ScoreReceiver, ScoreRequest, ScoreResult, TokenLogprobs,
+    Capabilities, ChatReceiver, Engine, EngineError, EngineStatus, FinishReason, GenerateEvent,
+    GenerateRequest, GenerateStream, ModelInfo, MultiQuestion, PadPolicy, QuestionScore,
+    QuestionTokens, ScoreReceiver, ScoreRequest, ScoreResult, TokenLogprobs,
 };
 use crate::metrics::Metrics;
 use crate::settings::UpstreamLimits;
@@ -319,8 +319,41 @@ impl Engine for VllmEngine {
             modes,
             padding: self.inner.options.padding,
             name: "vLLM",
+            images: true,
         }
     }
+
+    fn chat_passthrough(&self, body: serde_json::Value) -> Result<ChatReceiver, EngineError> {
+        let guard = self.admit()?;
+        let (reply, rx) = oneshot::channel();
+        let inner = self.inner.clone();
+        self.handle()?.spawn(async move {
+            let _guard = guard;
+            let _ = reply.send(chat_passthrough(&inner, body).await);
+        });
+        Ok(rx)
+    }
+}
+
+/// A chat completion with image parts, sent to an upstream's
+/// `/v1/chat/completions` with the upstream's model name; routed by a
+/// SHA-256 of the body, so the same request reaches the same replica.
+async fn chat_passthrough(
+    inner: &Inner,
+    body: serde_json::Value,
+) -> Result<serde_json::Value, EngineError> {
+    use sha2::{Digest, Sha256};
+    let key: [u8; 32] = Sha256::digest(body.to_string().as_bytes()).into();
+    let timeout = secs(inner.options.limits.generate_timeout_s);
+    let (_, answer): (Probed, serde_json::Value) = inner
+        .pool
+        .call_routed(&key, "/v1/chat/completions", timeout, |p| {
+            let mut b = body.clone();
+            b["model"] = serde_json::Value::String(p.model.clone());
+            b
+        })
+        .await?;
+    Ok(answer)
 }
 
 /// Asks an upstream what it serves and how it reads letters.
@@ -662,6 +695,35 @@ async fn echo_letter(
     })
 }
 
+/// Prefills a state on the upstream that holds it: a completion of the
+/// state's tokens alone (one token, discarded), so that vLLM's prefix cache
+/// (or a decisio upstream's kept prompts) holds exactly the state. Returns
+/// the upstream's count of cached prompt tokens, when it reports it.
+async fn prefill_state(
+    inner: &Inner,
+    key: &[u8],
+    prefix: &[u32],
+) -> Result<Option<usize>, EngineError> {
+    let (_, response): (Probed, CompletionResponse) = inner
+        .pool
+        .call_routed(key, "/v1/completions", score_timeout(inner), |p| {
+            CompletionRequest {
+                model: p.model.clone(),
+                prompt: prefix.to_vec(),
+                max_tokens: 1,
+                temperature: Some(0.0),
+                return_tokens_as_token_ids: true,
+                ..Default::default()
+            }
+        })
+        .await?;
+    Ok(response
+        .usage
+        .as_ref()
+        .and_then(|u| u.prompt_tokens_details.as_ref())
+        .and_then(|d| d.cached_tokens))
+}
+
 async fn score(inner: &Inner, request: &ScoreRequest) -> Result<ScoreResult, EngineError> {
     if request.hidden {
         return Err(EngineError::Model(
@@ -690,14 +752,29 @@ async fn score(inner: &Inner, request: &ScoreRequest) -> Result<ScoreResult, Eng
         }
     };
     let mut results = Vec::with_capacity(request.questions.len());
+    // The state-only request of warm mode: the upstream's count of cached
+    // prompt tokens, and when it was sent.
+    let mut warmed: Option<(Option<usize>, Instant)> = None;
     match request.mode {
         MultiQuestion::Sequential => {
             for q in &request.questions {
                 results.push(one(q).await?);
             }
         }
+        MultiQuestion::Warm if request.questions.len() > 1 && !request.prefix.is_empty() => {
+            // One request prefills the state alone; then every question
+            // finds it cached and they all go out at once.
+            let started = Instant::now();
+            warmed = Some((prefill_state(inner, &key, &request.prefix).await?, started));
+            let rest: Vec<_> = futures::stream::iter(request.questions.iter().map(one))
+                .buffered(inner.options.limits.fan_out.max(1))
+                .collect()
+                .await;
+            for r in rest {
+                results.push(r?);
+            }
+        }
         MultiQuestion::Warm => {
-            // The first question prefills the state; the rest find it cached.
             let mut questions = request.questions.iter();
             if let Some(first) = questions.next() {
                 results.push(one(first).await?);
@@ -716,11 +793,15 @@ async fn score(inner: &Inner, request: &ScoreRequest) -> Result<ScoreResult, Eng
             ))
         }
     }
-    let cached = results
-        .first()
-        .and_then(|(_, c)| *c)
-        .is_some_and(|c| c >= prefix_len);
-    let new_state_seconds = (!cached).then(|| results.first().map_or(0.0, |(q, _)| q.seconds));
+    let cached = match warmed {
+        Some((c, _)) => c,
+        None => results.first().and_then(|(_, c)| *c),
+    }
+    .is_some_and(|c| c >= prefix_len);
+    let new_state_seconds = (!cached).then(|| match warmed {
+        Some((_, started)) => started.elapsed().as_secs_f64(),
+        None => results.first().map_or(0.0, |(q, _)| q.seconds),
+    });
     if let Some(s) = new_state_seconds {
         inner.options.metrics.new_state_seconds.observe(s);
     }
