@@ -31,8 +31,7 @@ reference: setup
 	@LD_PRELOAD=$(OPENBLAS) $(PYTHON) scripts/reference/decisions.py $(DENSE_MODEL) $(DECISIO_REFERENCE_DIR)
 	@$(PYTHON) scripts/reference/prompts.py $(DECISIO_REFERENCE_DIR) $(DECISIO_MODEL) $(DECISIO_ASSETS)/qwen3 $(DECISIO_ASSETS)/gemma3
 	@test -f $(DECISIO_REFERENCE_DIR)/qwen3_6/tokenizer.json || $(PYTHON) scripts/reference/qwen3_6_tokenizer.py $(DECISIO_REFERENCE_DIR)/qwen3_6
-	@$(PYTHON) scripts/reference/tiny_models.py $(DECISIO_REFERENCE_DIR) qwen3_5 qwen3_5_moe
-	@$(PYTHON) scripts/reference/tiny_gemma4.py $(DECISIO_REFERENCE_DIR)/tiny
+	@$(PYTHON) scripts/reference/tiny_models.py $(DECISIO_REFERENCE_DIR)
 
 reference-logits: setup
 	$(PYTHON) scripts/reference/logits.py $(DECISIO_MODEL) tests/fixtures/reference

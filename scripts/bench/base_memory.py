@@ -11,6 +11,8 @@ Usage: python scripts/bench/base_memory.py OUT_DIR
   keys and values of every token; for each sliding-window layer, keys and
   values of at most the window's last positions plus the last chunk read;
   for each Gated DeltaNet layer, its fixed convolution and recurrent states.
+  decisio keeps a sliding layer's last `window - 1` positions between
+  calls; mlx-lm's cache keeps them plus the last chunk it read.
   Activations (and so caches) in bf16 on Metal.
 - Seeds: the Gemma 4 31B figures of the product's documentation (prefix
   cache entries of 935, 1,869, 2,954 and 4,386 MiB at 1,000, 3,000, 8,000
@@ -86,9 +88,11 @@ def parameters(t):
     return n
 
 
-def entry_bytes(t, tokens, chunk, dtype_bytes=2):
-    """Bytes of the cache after `tokens` tokens read in chunks of `chunk`."""
-    last = tokens - (tokens - 1) // chunk * chunk
+def entry_bytes(t, tokens, chunk=None, dtype_bytes=2):
+    """Bytes of the cache after `tokens` tokens: as decisio keeps it
+    (`chunk` None), or as mlx-lm's keeps it after reading them in chunks of
+    `chunk`."""
+    last = 0 if chunk is None else tokens - (tokens - 1) // chunk * chunk
     total = 0
     for kind in layer_kinds(t):
         if kind == "linear_attention":
@@ -115,11 +119,11 @@ def estimate(name, config_file, bits):
     for n in LENGTHS:
         rows.append({
             "tokens": n,
-            "entry_mib_decisio": round(entry_bytes(t, n, 256) / MIB, 1),
+            "entry_mib_decisio": round(entry_bytes(t, n) / MIB, 1),
             "entry_mib_mlx_lm": round(entry_bytes(t, n, 2048) / MIB, 1),
         })
     # Growth over whole chunks, where the sliding layers hold a constant count.
-    per_token = (entry_bytes(t, 40960 + 256, 256) - entry_bytes(t, 40960, 256)) // 256
+    per_token = (entry_bytes(t, 40960 + 256) - entry_bytes(t, 40960)) // 256
     return {
         "base": name,
         "config": config_file.name,
@@ -172,7 +176,7 @@ def main():
         # decisio holds a dequantized conversion's activations in float32 on
         # the CPU and a bf16 one's in bf16.
         for row in m["states"]:
-            per = [entry_bytes(t, row["tokens"], 256, b) for b in (2, 4)]
+            per = [entry_bytes(t, row["tokens"], None, b) for b in (2, 4)]
             row["formula_bytes_bf16_f32"] = per
             row["formula_matches"] = row["cache_entry_bytes"] in per
         m["conversion"] = tiny.name
@@ -201,9 +205,9 @@ def main():
             continue
         lines.append(f"| {e['base']} | {e['bytes_per_state_token_beyond_windows']:,} | "
                      + " | ".join(f"{r['entry_mib_decisio']:,}" for r in e["entries"]) + " |")
-    lines += ["", "decisio reads a state in chunks of 256 tokens, so a sliding-window "
-              "layer keeps at most its window plus 255 positions; mlx-lm's cache "
-              "(chunks of 2,048) keeps up to the window plus 2,047.", "",
+    lines += ["", "decisio keeps a sliding-window layer's last window - 1 positions "
+              "in a state's entry; mlx-lm's cache (chunks of 2,048) keeps up to the "
+              "window plus 2,047.", "",
               "## Gemma 4 31B against the seeds' entries (mlx-lm's chunking)", "",
               "| tokens | seeds (MiB) | estimate (MiB) | ratio |", "|---|---|---|---|"]
     for s in seeds:

@@ -16,16 +16,24 @@ config's dtype by the model's cast predicate, quantized by mlx-lm's
 
 and in each folder `reference.safetensors`: for prompts of several lengths
 (random ids, seeded) `ids_<n>` and `logits_<n>` (float32 logits of the last
-position), and for prefix + continuation pairs `prefix_<i>`, `cont_<i>`,
-`cont_logits_<i>` (the continuation run through the cache the prefix left).
+position, the prompt read through mlx-lm's caches in chunks of 256 as the
+engine reads it), and for prefix + continuation pairs `prefix_<i>`, `cont_<i>`,
+`cont_logits_<i>` (the continuation run through the cache the prefix left),
+and `decode_prefix_<i>`, `decode_steps_<i>`, `decode_logits_<i>` (after a
+prefix, tokens fed one at a time as generation feeds them; the logits of
+the last step).
 The reference is computed by mlx-lm 0.32.2 from the saved folder; for the
 quantized folders `reference_dense.safetensors` holds the same from mlx-lm's
 `dequantize_model` of it (the same weight values in bfloat16 on MLX's dense
 kernels, which is what decisio runs on the CPU by default; MLX's CPU
 quantized product accumulates differently, by up to 2 bfloat16 steps).
+
+An architecture whose `OUT_DIR/tiny/<arch>.stamp` matches this script, its
+real config and the MLX version is left as it is.
 """
 
 import copy
+import hashlib
 import json
 import os
 import sys
@@ -44,9 +52,17 @@ from mlx_lm.utils import (
 
 ROOT = Path(__file__).resolve().parents[2]
 SEED = 20261201
-LENGTHS = [1, 2, 3, 5, 17, 64, 255, 256, 257, 700, 2000]
-# (prefix, continuation) lengths: across the chunk border and short suffixes.
-PAIRS = [(1, 1), (3, 4), (256, 9), (300, 1), (513, 40)]
+LENGTHS = [1, 2, 3, 5, 17, 63, 64, 65, 255, 256, 257, 700, 2000]
+# (prefix, continuation) lengths: across the chunk border, short suffixes,
+# and (for sliding windows of 64) a continuation longer than the window
+# after a prefix beyond it.
+PAIRS = [(1, 1), (3, 4), (40, 30), (256, 9), (300, 1), (513, 40), (600, 257)]
+# (prefix, steps): after a prefix, tokens fed one at a time as generation
+# feeds them (through a whole turn of a sliding window's rotating buffer).
+DECODES = [(100, 70)]
+# Prompts and prefixes are read in chunks of this many tokens, as the
+# engine reads them (one call per chunk through mlx-lm's caches).
+CHUNK = 256
 QUANTS = [("bf16", None), ("6bit", 6), ("4bit", 4)]
 # Logits of a random model are scaled down so that their bfloat16 rounding
 # step (2^-10 below 0.25) stays under the tests' tolerance.
@@ -108,14 +124,118 @@ def tiny_qwen3_5(base):
     return config
 
 
+# Gemma 4's sliding window in the tiny models: prompts of up to 2,000 tokens
+# run far beyond it.
+GEMMA_WINDOW = 64
+
+
+def gemma4_text_tiny(text, layers, heads, kv_heads, global_kv_heads):
+    """A Gemma 4 text config with its sizes cut down and its flags, rope
+    parameters and layer pattern (the first `layers` entries) kept."""
+    t = copy.deepcopy(text)
+    t.update(
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        num_global_key_value_heads=global_kv_heads,
+        head_dim=32,
+        global_head_dim=64,
+        sliding_window=GEMMA_WINDOW,
+        vocab_size=1024,
+        vocab_size_per_layer_input=1024,
+        max_position_embeddings=4096,
+        layer_types=text["layer_types"][:layers],
+    )
+    return t
+
+
+def tiny_gemma4_31b(base):
+    """Gemma 4 31B's structure: five sliding layers and a full one, 2 query
+    heads per KV head on sliding layers and 8 per shared key/value head
+    (`attention_k_eq_v`) on full layers, the proportional rope."""
+    config = copy.deepcopy(base)
+    config.pop("quantization", None)
+    config.pop("quantization_config", None)
+    config["text_config"] = gemma4_text_tiny(config["text_config"], 6, 8, 4, 1)
+    config["vocab_size"] = 1024
+    return config
+
+
+def tiny_gemma4_12b(base):
+    """Gemma 4 12B's structure: 2 query heads per KV head on both kinds of
+    layers, `attention_k_eq_v`."""
+    config = tiny_gemma4_31b(base)
+    config["text_config"] = gemma4_text_tiny(base["text_config"], 6, 4, 2, 2)
+    return config
+
+
+def tiny_gemma4_text_shared_kv(base):
+    """The features of Gemma 4 that neither base enables, as a text-only
+    `gemma4_text` conversion: per-layer inputs, three KV-shared layers of
+    both kinds, double-wide MLPs of shared layers, separate values on full
+    layers."""
+    t = gemma4_text_tiny(base["text_config"], 7, 4, 1, 1)
+    t.update(
+        model_type="gemma4_text",
+        intermediate_size=128,
+        num_kv_shared_layers=3,
+        hidden_size_per_layer_input=16,
+        layer_types=(["sliding_attention"] * 2 + ["full_attention"]) * 2
+        + ["sliding_attention"],
+        use_double_wide_mlp=True,
+        attention_k_eq_v=False,
+        tie_word_embeddings=True,
+    )
+    t.pop("num_global_key_value_heads")
+    return t
+
+
+def init_gemma4(model):
+    """Weights as a trained Gemma 4 has them where it matters for a
+    comparison at 1e-3: attention is unscaled, so the query and key norms
+    scale by head_dim^-1/4 (with unit scales the scores of a random model
+    spread over tens and the attention flips between keys at the slightest
+    rounding); the final norm scales by 1/16, which keeps the soft-capped
+    logits within about 0.25, where a bfloat16 step is under 1e-3; the layer
+    scalars are near 1."""
+
+    def adjust(path, v):
+        if path.endswith(("q_norm.weight", "k_norm.weight")):
+            return v * v.shape[-1] ** -0.25
+        if path.endswith("model.norm.weight"):
+            return v / 16
+        if path.endswith("layer_scalar"):
+            return v + 0.2 * mx.random.normal(v.shape)
+        return v
+
+    model.update(tree_map_with_path(adjust, model.parameters()))
+
+
+def init_qwen3_5(model):
+    """Logits of a random model scaled down so that their bfloat16 rounding
+    step (2^-10 below 0.25) stays under the tests' tolerance."""
+    lm = getattr(model, "language_model", model)
+    lm.lm_head.weight = lm.lm_head.weight * LM_HEAD_SCALE
+
+
+# name -> (the real config under tests/fixtures/bases, shrink, init)
 ARCHITECTURES = {
-    "qwen3_5": ("qwen3_5-27b.config.json", tiny_qwen3_5),
-    "qwen3_5_moe": ("qwen3_5_moe-35b-a3b.config.json", tiny_qwen3_5_moe),
+    "qwen3_5": ("qwen3_5-27b.config.json", tiny_qwen3_5, init_qwen3_5),
+    "qwen3_5_moe": ("qwen3_5_moe-35b-a3b.config.json", tiny_qwen3_5_moe, init_qwen3_5),
+    "gemma4_31b": ("gemma-4-31b-it-6bit.config.json", tiny_gemma4_31b, init_gemma4),
+    "gemma4_12b": ("gemma-4-12B-it-6bit.config.json", tiny_gemma4_12b, init_gemma4),
+    "gemma4_text_shared_kv": (
+        "gemma-4-31b-it-6bit.config.json",
+        tiny_gemma4_text_shared_kv,
+        init_gemma4,
+    ),
 }
 
 
 def build(arch):
-    base_file, shrink = ARCHITECTURES[arch]
+    base_file, shrink, init = ARCHITECTURES[arch]
     base = json.loads((ROOT / "tests/fixtures/bases" / base_file).read_text())
     config = shrink(base)
     from mlx_lm.utils import _get_classes
@@ -123,9 +243,6 @@ def build(arch):
     model_class, args_class = _get_classes(config)
     mx.random.seed(SEED)
     model = model_class(args_class.from_dict(config))
-    lm = getattr(model, "language_model", model)
-    if hasattr(lm, "lm_head"):
-        lm.lm_head.weight = lm.lm_head.weight * LM_HEAD_SCALE
     # Norm scales around 1 rather than exactly 1, so a missing or misplaced
     # norm weight shows.
     def jitter(path, v):
@@ -134,6 +251,7 @@ def build(arch):
         return v
 
     model.update(tree_map_with_path(jitter, model.parameters()))
+    init(model)
     mx.eval(model.parameters())
     return model, config
 
@@ -182,6 +300,14 @@ def reference(folder):
         write(folder, "reference_dense.safetensors", dequantize_model(model))
 
 
+def read(model, ids, cache):
+    """The logits of the last chunk of `ids`, read in chunks of CHUNK."""
+    for start in range(0, ids.shape[0], CHUNK):
+        logits = model(ids[None, start:start + CHUNK], cache=cache)
+        mx.eval(logits, [c.state for c in cache])
+    return logits
+
+
 def write(folder, name, model):
     rng = mx.random.key(SEED + 1)
     vocab = model.args.text_config["vocab_size"] if hasattr(model.args, "text_config") else model.args.vocab_size
@@ -190,16 +316,28 @@ def write(folder, name, model):
         rng, k = mx.random.split(rng)
         ids = mx.random.randint(0, vocab, (n,), key=k).astype(mx.int32)
         out[f"ids_{n}"] = ids
-        out[f"logits_{n}"] = model(ids[None])[0, -1].astype(mx.float32)
+        out[f"logits_{n}"] = read(model, ids, model.make_cache())[0, -1].astype(mx.float32)
         mx.eval(out)
     for i, (p, c) in enumerate(PAIRS):
         rng, k1, k2 = mx.random.split(rng, 3)
         prefix = mx.random.randint(0, vocab, (p,), key=k1).astype(mx.int32)
         cont = mx.random.randint(0, vocab, (c,), key=k2).astype(mx.int32)
         cache = model.make_cache()
-        model(prefix[None], cache=cache)
+        read(model, prefix, cache)
         logits = model(cont[None], cache=cache)[0, -1].astype(mx.float32)
         out[f"prefix_{i}"], out[f"cont_{i}"], out[f"cont_logits_{i}"] = prefix, cont, logits
+        mx.eval(out)
+    for i, (p, n) in enumerate(DECODES):
+        rng, k1, k2 = mx.random.split(rng, 3)
+        prefix = mx.random.randint(0, vocab, (p,), key=k1).astype(mx.int32)
+        steps = mx.random.randint(0, vocab, (n,), key=k2).astype(mx.int32)
+        cache = model.make_cache()
+        read(model, prefix, cache)
+        for t in range(n):
+            logits = model(steps[None, t:t + 1], cache=cache)
+            mx.eval(logits, [c.state for c in cache])
+        out[f"decode_prefix_{i}"], out[f"decode_steps_{i}"] = prefix, steps
+        out[f"decode_logits_{i}"] = logits[0, -1].astype(mx.float32)
         mx.eval(out)
     mx.save_safetensors(
         os.path.join(folder, name),
@@ -208,10 +346,22 @@ def write(folder, name, model):
     )
 
 
+def stamp(arch):
+    """What an architecture's files depend on: this script, its real config
+    and the MLX version. A folder whose stamp matches is not rebuilt."""
+    h = hashlib.sha256(Path(__file__).read_bytes())
+    h.update((ROOT / "tests/fixtures/bases" / ARCHITECTURES[arch][0]).read_bytes())
+    h.update(mx.__version__.encode())
+    return h.hexdigest()
+
+
 def main():
     out_dir = Path(sys.argv[1]) / "tiny"
     archs = sys.argv[2:] or list(ARCHITECTURES)
     for arch in archs:
+        stamp_file = out_dir / f"{arch}.stamp"
+        if stamp_file.exists() and stamp_file.read_text() == stamp(arch):
+            continue
         started = time.time()
         for name, bits in QUANTS:
             model, config = build(arch)
@@ -222,6 +372,7 @@ def main():
             save_model(folder, model)
             save_config(config, config_path=folder / "config.json")
             reference(folder)
+        stamp_file.write_text(stamp(arch))
         print(f"[reference] {arch}: bf16, 6bit, 4bit in {time.time() - started:.0f} s -> {out_dir}")
 
 

@@ -51,23 +51,32 @@ impl KvCache {
     }
 }
 
-/// Keys and values of one sliding-window attention layer: the last
-/// `window - 1` positions, in order, `[batch, kv_heads, tokens, head_dim]`.
+/// Keys and values of one sliding-window attention layer,
+/// `[batch, kv_heads, tokens, head_dim]`, laid out position for position as
+/// mlx-lm's `RotatingKVCache` lays them out, so that attention sums over
+/// the keys in the same order and gives the same bits.
 ///
-/// A query attends to itself and the `window - 1` positions before it, so
-/// that is all a layer ever needs from earlier calls. An update of `L`
-/// positions returns the kept positions followed by the new ones (at most
-/// `window - 1 + L`), and the caller masks each query to its own window.
-/// This gives every query the same keys and the same mask as mlx-lm's
-/// `RotatingKVCache` gives it for a multi-token update (which also keeps
-/// `max_size - 1` positions before appending); for a single token both give
-/// the last `window` positions, here in temporal order, there in the rotated
-/// buffer's order (the same attention up to the order of a sum). Arrays are
-/// never written in place, so a clone is a snapshot.
+/// A query attends to itself and the `window - 1` positions before it.
+/// - An update of several positions (a prompt chunk) puts the kept
+///   positions in temporal order, keeps the last `window - 1`, appends the
+///   new ones and returns all of them; the caller masks each query to its
+///   own window. Only the last `window - 1` are kept for the next call
+///   (mlx-lm keeps them all until the next update trims them; what each
+///   later update computes is the same).
+/// - An update of one position (a generated token) returns `window`
+///   positions at most, with no mask: until the window is full the new
+///   position is appended; after that it overwrites the oldest one in a
+///   rotating buffer, so the buffer is in rotated, not temporal, order.
+///
+/// Arrays are never written in place (an overwrite builds a new array), so
+/// a clone is a snapshot.
 #[derive(Clone)]
 pub struct WindowCache {
     keys: Option<Array>,
     values: Option<Array>,
+    /// Where the next single position is written once the buffer rotates;
+    /// equal to the buffer's length while it is in temporal order.
+    idx: usize,
     offset: usize,
     window: usize,
 }
@@ -78,12 +87,13 @@ impl WindowCache {
         WindowCache {
             keys: None,
             values: None,
+            idx: 0,
             offset: 0,
             window: window.max(1),
         }
     }
 
-    /// Tokens seen (not held: at most `window - 1` are kept).
+    /// Tokens seen (not held: at most `window` are kept).
     pub fn offset(&self) -> usize {
         self.offset
     }
@@ -93,26 +103,105 @@ impl WindowCache {
         self.window
     }
 
-    /// Appends `keys`/`values` for new positions and returns the kept ones
-    /// followed by the new ones; keeps the last `window - 1` of them.
+    /// Positions held.
+    fn held(&self) -> usize {
+        self.keys.as_ref().map_or(0, |k| k.shape()[2] as usize)
+    }
+
+    /// Appends `keys`/`values` for new positions and returns the positions
+    /// the new queries attend to (see the type's description for the
+    /// layout).
     pub fn update_and_fetch(&mut self, keys: Array, values: Array) -> MlxResult<(Array, Array)> {
         let added = keys.shape()[2] as usize;
-        let (k, v) = match (self.keys.take(), self.values.take()) {
-            (Some(pk), Some(pv)) => (
-                ops::concatenate(&[&pk, &keys], 2)?,
-                ops::concatenate(&[&pv, &values], 2)?,
-            ),
-            _ => (keys, values),
+        let out = match (self.keys.take(), self.values.take()) {
+            (Some(pk), Some(pv)) if added == 1 => self.write_one(pk, pv, keys, values)?,
+            (Some(pk), Some(pv)) => {
+                let (pk, pv) = (self.temporal(&pk)?, self.temporal(&pv)?);
+                let (k, v) = (
+                    ops::concatenate(&[&self.last(&pk, self.window - 1), &keys], 2)?,
+                    ops::concatenate(&[&self.last(&pv, self.window - 1), &values], 2)?,
+                );
+                self.keep_last(&k, &v);
+                (k, v)
+            }
+            _ => {
+                self.keep_last(&keys, &values);
+                (keys, values)
+            }
         };
-        let total = k.shape()[2] as usize;
-        let keep = (self.window - 1).min(total);
-        if keep > 0 {
-            let from = (total - keep) as i32;
-            self.keys = Some(k.index((.., .., from..)));
-            self.values = Some(v.index((.., .., from..)));
-        }
         self.offset += added;
+        Ok(out)
+    }
+
+    /// One new position into a buffer of earlier ones.
+    fn write_one(&mut self, pk: Array, pv: Array, k: Array, v: Array) -> MlxResult<(Array, Array)> {
+        let held = pk.shape()[2] as usize;
+        let (k, v) = if held >= self.window {
+            // A full rotating buffer: overwrite the oldest position.
+            let at = if self.idx >= self.window { 0 } else { self.idx };
+            let put = |buf: &Array, new: &Array| -> MlxResult<Array> {
+                let mut parts = Vec::with_capacity(3);
+                if at > 0 {
+                    parts.push(buf.index((.., .., ..at as i32)));
+                }
+                parts.push(new.clone());
+                if at + 1 < held {
+                    parts.push(buf.index((.., .., (at + 1) as i32..)));
+                }
+                Ok(ops::concatenate(&parts, 2)?)
+            };
+            let out = (put(&pk, &k)?, put(&pv, &v)?);
+            self.idx = at + 1;
+            out
+        } else if self.offset >= self.window {
+            // The last `window - 1` positions in temporal order, the oldest
+            // position of the window already dropped: the new one takes its
+            // place, at the buffer's start.
+            self.idx = 1;
+            (
+                ops::concatenate(&[&k, &pk], 2)?,
+                ops::concatenate(&[&v, &pv], 2)?,
+            )
+        } else {
+            self.idx = held + 1;
+            (
+                ops::concatenate(&[&pk, &k], 2)?,
+                ops::concatenate(&[&pv, &v], 2)?,
+            )
+        };
+        self.keys = Some(k.clone());
+        self.values = Some(v.clone());
         Ok((k, v))
+    }
+
+    /// The buffer in temporal order.
+    fn temporal(&self, buf: &Array) -> MlxResult<Array> {
+        let held = buf.shape()[2] as usize;
+        if self.idx >= held {
+            return Ok(buf.clone());
+        }
+        let at = self.idx as i32;
+        Ok(ops::concatenate(
+            &[buf.index((.., .., at..)), buf.index((.., .., ..at))],
+            2,
+        )?)
+    }
+
+    /// The last `n` positions of a buffer in temporal order.
+    fn last(&self, buf: &Array, n: usize) -> Array {
+        let held = buf.shape()[2] as usize;
+        if held <= n {
+            return buf.clone();
+        }
+        buf.index((.., .., (held - n) as i32..))
+    }
+
+    /// Keeps the last `window - 1` positions of `k`/`v` (temporal order).
+    fn keep_last(&mut self, k: &Array, v: &Array) {
+        let n = self.window - 1;
+        self.keys = Some(self.last(k, n));
+        self.values = Some(self.last(v, n));
+        self.idx = self.held();
     }
 
     /// Arrays to evaluate so that the cache holds computed data.

@@ -1,7 +1,8 @@
 //! The Gemma 4 architecture, text model only: `model_type: "gemma4_text"`,
-//! and `"gemma4"`, the multimodal wrapper whose language model this is (its
-//! config under `text_config`, its weights under `language_model.`; vision
-//! and audio weights are dropped at load).
+//! and `"gemma4"` and `"gemma4_unified"`, the multimodal wrappers whose
+//! language model this is (its config under `text_config`, its weights
+//! under `language_model.`; every other tensor, the vision and audio
+//! towers, is dropped at load).
 //!
 //! Decoder blocks of sliding-window and full attention, by `layer_types`,
 //! each with its own rope (`rope_parameters`: the default rope on sliding
@@ -27,9 +28,11 @@
 //! per_layer_projection, post_per_layer_input_norm}`, `{P}.norm`,
 //! `{P}.embed_tokens_per_layer`, `{P}.per_layer_model_projection`,
 //! `{P}.per_layer_projection_norm`, with `P` = `model` for `gemma4_text`
-//! and `language_model.model` for `gemma4`.
+//! and `language_model.model` for the wrappers.
 //!
 //! Sliding-window layers keep the last `sliding_window - 1` positions
+//! between prompt chunks and a rotating buffer of `sliding_window` while
+//! generating, laid out as mlx-lm's `RotatingKVCache` lays them out
 //! ([`WindowCache`]); full layers keep every position.
 
 use std::collections::HashMap;
@@ -148,10 +151,13 @@ impl LayerType {
 }
 
 impl Config {
-    /// Reads the text model's config from a `gemma4_text` or `gemma4`
-    /// config.json.
-    pub fn from_json(config: &Value) -> MlxResult<Self> {
-        let wrapped = config.get("model_type").and_then(Value::as_str) == Some("gemma4");
+    /// Reads the text model's config from a `gemma4_text`, `gemma4` or
+    /// `gemma4_unified` config.json.
+    pub fn from_config(config: &Value) -> MlxResult<Self> {
+        let wrapped = matches!(
+            config.get("model_type").and_then(Value::as_str),
+            Some("gemma4" | "gemma4_unified")
+        );
         let mut text = if wrapped {
             config.get("text_config").cloned().ok_or_else(|| {
                 MlxError::Config(
@@ -703,22 +709,15 @@ pub struct Model {
 
 impl Model {
     pub fn load(config: &Value, w: &Weights) -> MlxResult<Self> {
-        let c = Config::from_json(config)?;
-        let wrapped = config.get("model_type").and_then(Value::as_str) == Some("gemma4");
+        let c = Config::from_config(config)?;
+        let model_type = config.get("model_type").and_then(Value::as_str);
+        // `gemma4` (mlx-lm) and `gemma4_unified` (the published 12B) wrap
+        // the language model, under `language_model.`, with the towers of
+        // other modalities beside it (vision, audio, their projectors), at
+        // the top level or under `model.`: only the text model is loaded.
+        let wrapped = matches!(model_type, Some("gemma4" | "gemma4_unified"));
         let (prefix, head) = if wrapped {
-            // Towers of other modalities, at the top level or under `model.`.
-            let towers = [
-                "vision_tower",
-                "multi_modal_projector",
-                "audio_tower",
-                "embed_audio",
-                "embed_vision",
-                "vision_embedder",
-            ];
-            w.skip_where(|k| {
-                let k = k.strip_prefix("model.").unwrap_or(k);
-                towers.iter().any(|t| k.starts_with(t))
-            });
+            w.skip_where(|k| !k.starts_with("language_model."));
             ("language_model.model", "language_model.lm_head")
         } else {
             ("model", "lm_head")
@@ -950,7 +949,7 @@ mod tests {
     }
 
     fn refused(extra: Value, says: &str) {
-        match Config::from_json(&text(extra)) {
+        match Config::from_config(&text(extra)) {
             Err(MlxError::Config(m)) => assert!(m.contains(says), "{m}"),
             Err(e) => panic!("unexpected error {e}"),
             Ok(_) => panic!("accepted a config that should be refused"),
@@ -959,7 +958,8 @@ mod tests {
 
     #[test]
     fn default_layer_types_follow_the_pattern() {
-        let c = Config::from_json(&text(serde_json::json!({"sliding_window_pattern": 2}))).unwrap();
+        let c =
+            Config::from_config(&text(serde_json::json!({"sliding_window_pattern": 2}))).unwrap();
         assert_eq!(
             c.layer_types().unwrap(),
             vec![
@@ -1006,19 +1006,19 @@ mod tests {
         );
         let wrapped = serde_json::json!({"model_type": "gemma4", "vocab_size": 10});
         assert!(
-            matches!(Config::from_json(&wrapped), Err(MlxError::Config(m)) if m.contains("text_config"))
+            matches!(Config::from_config(&wrapped), Err(MlxError::Config(m)) if m.contains("text_config"))
         );
     }
 
     #[test]
     fn the_wrapper_vocabulary_is_the_text_model_s() {
         let c = serde_json::json!({"model_type": "gemma4", "vocab_size": 77, "text_config": text(serde_json::json!({}))});
-        assert_eq!(Config::from_json(&c).unwrap().vocab_size, 77);
+        assert_eq!(Config::from_config(&c).unwrap().vocab_size, 77);
     }
 
     #[test]
     fn the_proportional_rope_leaves_the_unrotated_part_alone() {
-        let c = Config::from_json(&text(serde_json::json!({"global_head_dim": 16}))).unwrap();
+        let c = Config::from_config(&text(serde_json::json!({"global_head_dim": 16}))).unwrap();
         let rope = Rope::new(&c, LayerType::Full).unwrap();
         let x = ops::ones::<f32>(&[1, 1, 3, 16]).unwrap();
         let y = rope.apply(&x, 5, false).unwrap();

@@ -125,6 +125,7 @@ const LOADERS: &[(&str, Loader)] = &[
     ("llama", llama::Model::boxed),
     ("gemma4", gemma4::Model::boxed),
     ("gemma4_text", gemma4::Model::boxed),
+    ("gemma4_unified", gemma4::Model::boxed),
     ("qwen3_5", qwen3_5::Model::boxed),
     ("qwen3_5_moe", qwen3_5::Model::boxed),
 ];
