@@ -32,6 +32,7 @@ reference: setup
 	@$(PYTHON) scripts/reference/prompts.py $(DECISIO_REFERENCE_DIR) $(DECISIO_MODEL) $(DECISIO_ASSETS)/qwen3 $(DECISIO_ASSETS)/gemma3
 	@test -f $(DECISIO_REFERENCE_DIR)/qwen3_6/tokenizer.json || $(PYTHON) scripts/reference/qwen3_6_tokenizer.py $(DECISIO_REFERENCE_DIR)/qwen3_6
 	@$(PYTHON) scripts/reference/tiny_models.py $(DECISIO_REFERENCE_DIR)
+	@$(PYTHON) scripts/reference/tiny_tokenizers.py $(DECISIO_REFERENCE_DIR) $(DECISIO_ASSETS)/qwen3 $(DECISIO_ASSETS)/gemma3
 
 reference-logits: setup
 	$(PYTHON) scripts/reference/logits.py $(DECISIO_MODEL) tests/fixtures/reference

@@ -1,0 +1,62 @@
+"""Tokenizers for the tiny conversions (tests/bases_serve.rs): real chat
+templates over a vocabulary that fits a tiny model's 1,024 ids.
+
+Usage: python scripts/reference/tiny_tokenizers.py OUT_DIR QWEN3_DIR GEMMA3_DIR
+
+For each family (Qwen3 for the Qwen3.6 base, Gemma 3 for the Gemma 4 bases:
+the family tokenizers that registry packages ship), writes
+OUT_DIR/tiny/tokenizer-<family>/ with
+  - tokenizer.json: a byte-level BPE with no merges (the 256 byte tokens,
+    ids 0 to 255) and, as special tokens after them, every added token of
+    the family's tokenizer that its chat template writes, plus its
+    beginning, end and padding tokens;
+  - tokenizer_config.json: the family's own chat template and special-token
+    settings.
+Prompts then render exactly as with the family's tokenizer, and every
+token id is under 300.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+KEEP = ("chat_template", "bos_token", "eos_token", "pad_token", "unk_token",
+        "add_bos_token", "add_eos_token", "clean_up_tokenization_spaces",
+        "model_max_length")
+
+
+def token_text(t):
+    return t["content"] if isinstance(t, dict) else t
+
+
+def build(source, out):
+    config = json.loads((source / "tokenizer_config.json").read_text())
+    template = config["chat_template"]
+    specials = [token_text(config[k]) for k in ("bos_token", "eos_token", "pad_token")
+                if config.get(k)]
+    for t in config.get("added_tokens_decoder", {}).values():
+        if t["content"] in template and t["content"] not in specials:
+            specials.append(t["content"])
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials])
+    out.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out / "tokenizer.json"))
+    kept = {k: config[k] for k in KEEP if k in config}
+    kept["tokenizer_class"] = "PreTrainedTokenizerFast"
+    (out / "tokenizer_config.json").write_text(json.dumps(kept, indent=2) + "\n")
+    print(f"[reference] {out.name}: {tok.get_vocab_size()} tokens ({len(specials)} special)")
+
+
+def main():
+    out = Path(sys.argv[1]) / "tiny"
+    build(Path(sys.argv[2]), out / "tokenizer-qwen3")
+    build(Path(sys.argv[3]), out / "tokenizer-gemma3")
+
+
+if __name__ == "__main__":
+    main()
