@@ -33,6 +33,12 @@ fn main() -> Result<()> {
         })
         .collect::<Result<_>>()?;
     let model = MlxModel::load(&dir).with_context(|| format!("loading {}", dir.display()))?;
+    // Weights load lazily: one token through the model brings them all in.
+    let mut warm = model.new_cache();
+    model.prefill(&[1], &mut warm, 256)?;
+    warm.eval()?;
+    drop(warm);
+    memory::clear_cache()?;
     let weights = memory::active_memory()?;
     let vocab = model.info.vocab_size as u64;
     let mut rows = Vec::new();

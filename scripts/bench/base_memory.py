@@ -27,6 +27,7 @@ Usage: python scripts/bench/base_memory.py OUT_DIR
 
 import json
 import os
+import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -42,6 +43,14 @@ SEED_WEIGHTS_GB = {
     ("qwen3.6-35b-a3b", 4): 19.5,
 }
 LENGTHS = [1000, 3000, 8000, 16383, 32000]
+
+
+def mlx_version():
+    try:
+        import mlx.core as mx
+        return mx.__version__
+    except ImportError:
+        return "unknown"
 
 
 def text(config):
@@ -94,7 +103,10 @@ def entry_bytes(t, tokens, chunk=None, dtype_bytes=2):
     `chunk`."""
     last = 0 if chunk is None else tokens - (tokens - 1) // chunk * chunk
     total = 0
-    for kind in layer_kinds(t):
+    # KV-shared layers (Gemma 4) read an earlier layer's cache: none of their own.
+    kinds = layer_kinds(t)
+    kinds = kinds[:len(kinds) - t.get("num_kv_shared_layers", 0)]
+    for kind in kinds:
         if kind == "linear_attention":
             kd = t["linear_num_key_heads"] * t["linear_key_head_dim"]
             vd = t["linear_num_value_heads"] * t["linear_value_head_dim"]
@@ -190,6 +202,10 @@ def main():
              "the seeds and the tiny conversions", "",
              f"Command: `python scripts/bench/base_memory.py {out_dir.as_posix()}` "
              "(after `make reference`).", "",
+             f"Machine: {platform.platform()}, {os.cpu_count()} CPUs, MLX "
+             f"{mlx_version()} (CPU build). Peak memory is MLX's peak while a state is "
+             "computed, weights included; weights are MLX's active memory once "
+             "loaded (the CPU default holds quantized weights dequantized to bf16).", "",
              "## Weights", "",
              "| base | bits | parameters | estimate (GB) | seeds (GB) |",
              "|---|---|---|---|---|"]
