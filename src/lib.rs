@@ -18,6 +18,7 @@
 //! - [`bases`]: the production bases: their conversions, tokenizers,
 //!   settings and refusals, as data.
 
+pub mod base64;
 pub mod bases;
 pub mod convert;
 pub mod engine;

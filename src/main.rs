@@ -217,8 +217,12 @@ struct UpstreamArgs {
     /// First backoff before a retry, in milliseconds (doubles each time).
     #[arg(long, default_value_t = UpstreamLimits::default().backoff_ms)]
     upstream_backoff_ms: u64,
-    /// A second engine in pooling mode whose hidden states feed task heads
-    /// (the second-engine head of the vLLM backend).
+    /// A second engine in pooling mode whose hidden states feed the heads
+    /// of intent tasks (the second-engine head of the vLLM backend): its
+    /// `POST /v1/embeddings` of token ids must answer the last position's
+    /// final hidden state, not normalised (a vLLM pooling server with
+    /// last-token pooling and normalisation off, or a decisio gateway with
+    /// the MLX backend).
     #[arg(long)]
     head_upstream: Option<String>,
     /// Questions of one request in flight at once in `warm` mode.
@@ -298,17 +302,11 @@ fn choose_base(args: &ServeArgs) -> Result<(Option<&'static Base>, String, PathB
             args.lora.join(", ")
         );
     }
-    if let Some(url) = &args.upstream.head_upstream {
-        if mlx {
-            bail!(
-                "--head-upstream {url}: the MLX backend refuses a second-engine head; it \
-                 applies task heads to its own hidden states. A head upstream serves the \
-                 vLLM backend (--backend vllm)"
-            );
-        }
+    if let Some(url) = args.upstream.head_upstream.as_ref().filter(|_| mlx) {
         bail!(
-            "--head-upstream {url}: the second-engine head is not served yet; intent tasks \
-             need --backend mlx"
+            "--head-upstream {url}: the MLX backend refuses a second-engine head; it \
+             applies task heads to its own hidden states. A head upstream serves the \
+             vLLM backend (--backend vllm)"
         );
     }
     let arg = BaseArg::parse(args.base.as_deref());
@@ -455,6 +453,13 @@ fn serve(args: ServeArgs) -> Result<()> {
                         ..UpstreamLimits::default()
                     },
                     metrics: metrics.clone(),
+                    head_upstream: u.head_upstream.clone(),
+                    hidden_size: get("hidden_size").or_else(|| {
+                        config
+                            .pointer("/text_config/hidden_size")
+                            .and_then(|v| v.as_u64())
+                            .map(|v| v as usize)
+                    }),
                 })
                 .map_err(anyhow::Error::msg)?,
             )

@@ -41,6 +41,11 @@ pub struct Limits {
     pub max_task_draws: usize,
     /// Longest label of an intent task, in bytes.
     pub max_task_label_bytes: usize,
+    /// Most inputs of one `POST /v1/embeddings`.
+    pub max_embedding_inputs: usize,
+    /// Most tokens of all inputs of one `POST /v1/embeddings` together
+    /// (each input is also at most the context length).
+    pub max_embedding_tokens: usize,
 }
 
 impl Default for Limits {
@@ -63,6 +68,8 @@ impl Default for Limits {
             max_task_name_bytes: 64,
             max_task_draws: 100,
             max_task_label_bytes: 256,
+            max_embedding_inputs: 256,
+            max_embedding_tokens: 65_536,
         }
     }
 }

@@ -431,3 +431,209 @@ fn killing_one_of_three_upstreams_mid_run_loses_no_request() {
         sent
     );
 }
+
+/// The first `subjects` MMLU subjects, the first `registered` questions of
+/// each labelled with their subject, and the next `unseen` questions of
+/// each (never registered).
+fn subject_questions(
+    subjects: usize,
+    registered: usize,
+    unseen: usize,
+) -> (Vec<String>, Vec<Value>, Vec<Value>) {
+    let text = std::fs::read_to_string(common::asset("mmlu.jsonl")).unwrap();
+    let mut names: Vec<String> = Vec::new();
+    let mut counts: std::collections::HashMap<String, usize> = Default::default();
+    let (mut fit, mut later) = (Vec::new(), Vec::new());
+    for line in text.lines() {
+        let r: Value = serde_json::from_str(line).unwrap();
+        let topic = r["topic"].as_str().unwrap().to_string();
+        if !names.contains(&topic) {
+            if names.len() == subjects {
+                continue;
+            }
+            names.push(topic.clone());
+        }
+        let c = counts.entry(topic.clone()).or_default();
+        let example = json!({"state": r["question"], "label": topic});
+        if *c < registered {
+            fit.push(example);
+        } else if *c < registered + unseen {
+            later.push(example);
+        }
+        *c += 1;
+    }
+    (names, fit, later)
+}
+
+/// Registers `body` and waits until it is ready; the task.
+fn register_ready(s: &Server, body: &Value) -> Value {
+    let r = s.post_json("/v1/tasks", body);
+    assert_eq!(r.status, 202, "{}", r.text());
+    let id = r.json()["id"].as_str().unwrap().to_string();
+    let started = Instant::now();
+    loop {
+        let t = s
+            .request("GET", &format!("/v1/tasks/{id}"), &[], None)
+            .unwrap()
+            .json();
+        if t["status"] != "queued" && t["status"] != "running" {
+            assert_eq!(t["status"], "ready", "{t}");
+            return t;
+        }
+        assert!(started.elapsed() < Duration::from_secs(600), "{t}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// An intent answer's probabilities and calibrated log-probabilities as
+/// f32 bits, in label order (narrowing gives back the float32 exactly, as
+/// in [`answer_bits`]).
+fn head_bits(a: &Value) -> Vec<u32> {
+    ["probabilities", "calibrated_logprobs"]
+        .iter()
+        .filter_map(|k| a[*k].as_object())
+        .flat_map(|m| m.values())
+        .map(|v| (v.as_f64().unwrap() as f32).to_bits())
+        .collect()
+}
+
+/// The second-engine head: a gateway with the vLLM backend whose hidden
+/// states come from a head upstream (a decisio MLX gateway's
+/// /v1/embeddings) registers the same intent task as the MLX backend
+/// directly, with the same report, and answers held-out and unseen
+/// questions with the same probabilities, bit for bit. Then: the refusals
+/// without a head upstream or with a block tap, the embeddings passed
+/// through, and the head upstream's death as a 503 that leaves choice
+/// questions served.
+#[test]
+fn intent_heads_through_a_head_upstream_match_the_mlx_backend_bit_for_bit() {
+    let started = Instant::now();
+    let mlx = Server::start(&[]);
+    let mut head = Server::start(&[]);
+    let vllm = gateway(
+        &[&mlx],
+        &[
+            "--pad-policy",
+            "none",
+            "--upstream-timeout",
+            "600",
+            "--head-upstream",
+            &head.url(),
+        ],
+    );
+    let plain = gateway(&[&mlx], &["--pad-policy", "none"]);
+    let (subjects, fit, unseen) = subject_questions(4, 8, 2);
+    let body = json!({
+        "name": "subject", "kind": "intent", "question": "Which subject is this question from?",
+        "labels": subjects, "examples": fit, "holdout": 0.3, "seed": 7
+    });
+
+    // Without a head upstream: refused, saying what to pass.
+    let r = plain.post_json("/v1/tasks", &body);
+    assert_error(&r, 400, "--head-upstream");
+    assert_eq!(r.json()["error"]["param"], "kind");
+    assert_error(
+        &plain.post_json("/v1/embeddings", &json!({"input": [1, 2]})),
+        400,
+        "--head-upstream",
+    );
+    // A head upstream serves the final norm's output only.
+    let mut tapped = body.clone();
+    tapped["head"] = json!({"layer": 3});
+    let r = vllm.post_json("/v1/tasks", &tapped);
+    assert_error(&r, 400, "final norm");
+    assert_eq!(r.json()["error"]["param"], "head.layer");
+
+    let direct = register_ready(&mlx, &body);
+    let through = register_ready(&vllm, &body);
+    let (a, b) = (&direct["result"], &through["result"]);
+    for key in [
+        "temperature",
+        "fit_examples",
+        "holdout_examples",
+        "holdout_indices",
+        "before",
+        "after",
+        "abstention",
+    ] {
+        assert_eq!(a[key], b[key], "report field {key}");
+    }
+    assert_eq!(a["head"]["dim"], 576);
+    assert_eq!(a["head"]["cross_validation"], b["head"]["cross_validation"]);
+    let registered = started.elapsed().as_secs_f64();
+
+    // Held-out and never-registered questions, bit for bit; half asked
+    // through the gateway first.
+    let held: Vec<Value> = a["holdout_indices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| fit[i.as_u64().unwrap() as usize].clone())
+        .chain(unseen.iter().cloned())
+        .collect();
+    for (i, e) in held.iter().enumerate() {
+        let q = json!({"state": e["state"], "questions": [{"task": "subject"}]});
+        let (x, y) = if i % 2 == 0 {
+            let y = decide(&vllm, &q);
+            (decide(&mlx, &q), y)
+        } else {
+            let x = decide(&mlx, &q);
+            (x, decide(&vllm, &q))
+        };
+        let (x, y) = (&x["answers"][0], &y["answers"][0]);
+        assert_eq!(x["label"], y["label"], "{x} vs {y}");
+        assert_eq!(x["probabilities"].as_object().unwrap().len(), 4);
+        assert_eq!(head_bits(x), head_bits(y), "question {i}: {x} vs {y}");
+    }
+    eprintln!(
+        "second-engine head: {} examples registered on both in {registered:.1} s, {} \
+         questions bit for bit, {:.1} s in all",
+        fit.len(),
+        held.len(),
+        started.elapsed().as_secs_f64()
+    );
+
+    // Embeddings through the gateway are the head upstream's.
+    let e = json!({"input": [[1, 2, 3], [4, 5]], "encoding_format": "base64"});
+    let r = vllm.post_json("/v1/embeddings", &e);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        r.json()["data"],
+        head.post_json("/v1/embeddings", &e).json()["data"]
+    );
+    assert!(
+        metric(
+            &vllm,
+            "decisio_upstream_requests_total",
+            &format!("outcome=\"ok\",upstream=\"{}\"", head.url())
+        ) >= (2 * fit.len()) as f64
+    );
+
+    // The head upstream dies: intent questions get 503, choice questions
+    // are still served.
+    head.kill();
+    let q = json!({"state": held[0]["state"], "questions": [{"task": "subject"}]});
+    let r = vllm.post_json("/v1/decide", &q);
+    assert_error(&r, 503, "upstream");
+    assert_eq!(r.json()["error"]["code"], "upstream_unavailable");
+    let reference = reference();
+    let st = &reference["states"][0];
+    decide(
+        &vllm,
+        &json!({"state": st["state"], "questions": questions(st, 1)}),
+    );
+
+    // A head upstream that does not answer at start: the gateway exits.
+    let out = Command::new(env!("CARGO_BIN_EXE_decisio"))
+        .args(["serve", "--backend", "vllm", "--model"])
+        .arg(common::model_dir())
+        .args(["--upstream", &mlx.url(), "--head-upstream", &head.url()])
+        .args(["--port", &common::free_port().to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("the head upstream failed its probe"), "{err}");
+}

@@ -113,6 +113,12 @@ pub struct Capabilities {
     /// Chat completions with image content parts are passed through
     /// ([`Engine::chat_passthrough`]).
     pub images: bool,
+    /// Hidden states of whole prompts are served ([`Engine::embed`]).
+    pub embeddings: bool,
+    /// Where the backend returns no hidden states: what would make it
+    /// return them, appended to the refusals of intent tasks and
+    /// embeddings (empty when nothing would).
+    pub hidden_hint: &'static str,
 }
 
 impl Default for Capabilities {
@@ -122,6 +128,8 @@ impl Default for Capabilities {
             padding: PadPolicy::None,
             name: "MLX",
             images: false,
+            embeddings: true,
+            hidden_hint: "",
         }
     }
 }
@@ -295,9 +303,25 @@ pub trait Engine: Send + Sync + 'static {
     }
     /// The decoder blocks a scoring job can tap for hidden states; `None`
     /// when the backend returns no hidden states (intent tasks are then
-    /// refused).
+    /// refused); `Some(0)` when it returns the final norm's output only
+    /// (no block can be tapped: `head.layer` other than -1 is refused).
     fn hidden_layers(&self) -> Option<usize> {
         None
+    }
+
+    /// Hidden states of whole prompts of token ids: for each input, the
+    /// final norm's output at its last position, as float32 and not
+    /// normalised. It is computed as a decision computes its answer
+    /// position: a prompt that extends a prompt the backend keeps (a
+    /// decision's state, a completion's or an embedding's prompt) continues
+    /// from it, so the embedding of a state and then of the state and a
+    /// question gives the same bits as the decision's hidden state. Served
+    /// where [`Capabilities::embeddings`] says so.
+    fn embed(&self, inputs: Vec<Vec<u32>>) -> Result<EmbedReceiver, EngineError> {
+        let _ = inputs;
+        Err(EngineError::Model(
+            "embeddings are not served by this backend".into(),
+        ))
     }
 
     /// Sends a chat completion body as it is (image content parts included)
@@ -314,3 +338,6 @@ pub trait Engine: Send + Sync + 'static {
 pub type ChatReceiver = oneshot::Receiver<Result<serde_json::Value, EngineError>>;
 
 pub type ScoreReceiver = oneshot::Receiver<Result<ScoreResult, EngineError>>;
+
+/// The hidden states of an [`Engine::embed`] job, one per input, in order.
+pub type EmbedReceiver = oneshot::Receiver<Result<Vec<Vec<f32>>, EngineError>>;

@@ -10,7 +10,7 @@ use serde_json::{Map, Value};
 use super::body::read_json;
 use super::error::ApiError;
 use super::types::*;
-use super::validate::{self, PromptInput};
+use super::validate::{self, EmbeddingInputs, PromptInput};
 use super::{unix_now, AppState};
 use crate::engine::{EngineError, EngineStatus};
 use crate::route::{
@@ -531,6 +531,81 @@ pub async fn tokenize(
     }))
 }
 
+/// `POST /v1/embeddings`: the hidden state at the last position of each
+/// input (the final norm's output, as a decision's answer position computes
+/// it; not normalised).
+pub async fn embeddings(
+    req: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse> {
+    let body: EmbeddingRequest = read_json(&req, payload, state.limits.max_body_bytes).await?;
+    state.check_model(body.model.as_deref())?;
+    let job = validate::embeddings(&body, &state.limits)?;
+    let route = &state.route;
+    let caps = route.engine().capabilities();
+    if !caps.embeddings {
+        return Err(ApiError::bad_request(
+            None,
+            format!(
+                "embeddings are not served by the {} backend{}",
+                caps.name, caps.hidden_hint
+            ),
+        ));
+    }
+    let inputs: Vec<Vec<u32>> = match job.inputs {
+        EmbeddingInputs::Text(texts) => texts
+            .iter()
+            .map(|t| route.tokenize(t, job.add_special_tokens))
+            .collect::<std::result::Result<_, _>>()?,
+        EmbeddingInputs::Tokens(ids) => {
+            for (i, v) in ids.iter().enumerate() {
+                route.check_token_ids(v, &format!("input[{i}]"))?;
+            }
+            ids
+        }
+    };
+    let tokens = validate::embedding_tokens(&inputs, &state.limits, route.context_length())?;
+    let vectors = route
+        .engine()
+        .embed(inputs)?
+        .await
+        .map_err(|_| EngineError::Stopped)??;
+    if let Some(d) = job.dimensions {
+        let width = vectors.first().map_or(0, Vec::len);
+        if d != width {
+            return Err(ApiError::invalid(
+                "dimensions",
+                format!(
+                    "`dimensions` must equal the hidden size, {width}: embeddings are hidden \
+                     states and are not shortened; got {d}"
+                ),
+            ));
+        }
+    }
+    Ok(HttpResponse::Ok().json(EmbeddingList {
+        object: "list",
+        data: vectors
+            .into_iter()
+            .enumerate()
+            .map(|(index, v)| EmbeddingData {
+                object: "embedding",
+                index,
+                embedding: if job.base64 {
+                    EmbeddingVector::Base64(crate::base64::encode_f32(&v))
+                } else {
+                    EmbeddingVector::Float(v)
+                },
+            })
+            .collect(),
+        model: state.model_name.clone(),
+        usage: EmbeddingUsage {
+            prompt_tokens: tokens,
+            total_tokens: tokens,
+        },
+    }))
+}
+
 pub async fn detokenize(
     req: HttpRequest,
     payload: web::Payload,
@@ -729,8 +804,9 @@ pub async fn create_task(
 ) -> Result<HttpResponse> {
     let body: TaskRequest = read_json(&req, payload, state.limits.max_task_body_bytes).await?;
     let layers = state.route.engine().hidden_layers();
-    let backend = state.route.engine().capabilities().name;
-    let (spec, examples) = validate::task(&body, &state.limits, layers, backend)?;
+    let caps = state.route.engine().capabilities();
+    let (spec, examples) =
+        validate::task(&body, &state.limits, layers, caps.name, caps.hidden_hint)?;
     let tasks = state.tasks.clone();
     // Writing the examples to the state folder syncs the disk: off the
     // server's threads.

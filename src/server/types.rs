@@ -105,6 +105,64 @@ pub struct CompletionRequest {
     pub return_tokens_as_token_ids: bool,
 }
 
+/// `input` of an embeddings request: text, or token ids, one or a list.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(untagged)]
+pub enum EmbeddingInput {
+    Text(String),
+    Tokens(Vec<i64>),
+    TextBatch(Vec<String>),
+    TokensBatch(Vec<Vec<i64>>),
+}
+
+/// `POST /v1/embeddings` (OpenAI's shape, with vLLM's
+/// `add_special_tokens`).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EmbeddingRequest {
+    pub model: Option<String>,
+    pub input: EmbeddingInput,
+    /// `float` (the default) or `base64` (little-endian float32 bytes).
+    pub encoding_format: Option<String>,
+    /// Served only when equal to the hidden size (nothing is shortened).
+    pub dimensions: Option<i64>,
+    pub user: Option<String>,
+    /// Add the tokenizer's special tokens to text inputs (default: true,
+    /// as vLLM's embeddings do); token-id inputs are taken as they are.
+    pub add_special_tokens: Option<bool>,
+}
+
+/// One embedding: float32 numbers (written in their shortest float32
+/// form, which reads back to the same bits), or base64 of their
+/// little-endian bytes.
+#[derive(Clone, Debug, Serialize)]
+#[serde(untagged)]
+pub enum EmbeddingVector {
+    Float(Vec<f32>),
+    Base64(String),
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct EmbeddingData {
+    pub object: &'static str,
+    pub index: usize,
+    pub embedding: EmbeddingVector,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct EmbeddingUsage {
+    pub prompt_tokens: usize,
+    pub total_tokens: usize,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct EmbeddingList {
+    pub object: &'static str,
+    pub data: Vec<EmbeddingData>,
+    pub model: String,
+    pub usage: EmbeddingUsage,
+}
+
 /// vLLM's `POST /tokenize`: a prompt, or chat messages.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

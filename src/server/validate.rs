@@ -5,8 +5,8 @@ use serde_json::{Map, Value};
 
 use super::error::ApiError;
 use super::types::{
-    ChatCompletionRequest, CompletionRequest, DecideRequest, DecisioRequest, PromptSpec, StopSpec,
-    TaskRequest,
+    ChatCompletionRequest, CompletionRequest, DecideRequest, DecisioRequest, EmbeddingInput,
+    EmbeddingRequest, PromptSpec, StopSpec, TaskRequest,
 };
 use crate::engine::{MultiQuestion, Sampling};
 use crate::route::decide::{check_question, MAX_QUESTIONS};
@@ -369,6 +369,116 @@ pub fn chat(req: &ChatCompletionRequest, limits: &Limits) -> Result<ChatJob, Api
     })
 }
 
+/// The inputs of an embeddings request, before tokenization.
+pub enum EmbeddingInputs {
+    Text(Vec<String>),
+    Tokens(Vec<Vec<u32>>),
+}
+
+/// A validated embeddings request.
+pub struct EmbeddingJob {
+    pub inputs: EmbeddingInputs,
+    /// `encoding_format: "base64"`.
+    pub base64: bool,
+    /// `dimensions`, which must then equal the hidden size.
+    pub dimensions: Option<usize>,
+    pub add_special_tokens: bool,
+}
+
+/// `POST /v1/embeddings`: 1 to `max_embedding_inputs` inputs, a known
+/// encoding, a positive `dimensions`.
+pub fn embeddings(req: &EmbeddingRequest, limits: &Limits) -> Result<EmbeddingJob, ApiError> {
+    let inputs = match &req.input {
+        EmbeddingInput::Text(t) => EmbeddingInputs::Text(vec![t.clone()]),
+        EmbeddingInput::TextBatch(v) => EmbeddingInputs::Text(v.clone()),
+        EmbeddingInput::Tokens(ids) => EmbeddingInputs::Tokens(vec![token_ids(ids, "input")?]),
+        EmbeddingInput::TokensBatch(v) => EmbeddingInputs::Tokens(
+            v.iter()
+                .enumerate()
+                .map(|(i, ids)| token_ids(ids, &format!("input[{i}]")))
+                .collect::<Result<_, _>>()?,
+        ),
+    };
+    let n = match &inputs {
+        EmbeddingInputs::Text(v) => v.len(),
+        EmbeddingInputs::Tokens(v) => v.len(),
+    };
+    if n == 0 || n > limits.max_embedding_inputs {
+        return Err(ApiError::invalid(
+            "input",
+            format!(
+                "an embeddings request takes 1 to {} inputs; got {n}",
+                limits.max_embedding_inputs
+            ),
+        ));
+    }
+    let base64 = match req.encoding_format.as_deref() {
+        None | Some("float") => false,
+        Some("base64") => true,
+        Some(other) => {
+            return Err(ApiError::invalid(
+                "encoding_format",
+                format!("`encoding_format` must be `float` or `base64`; got `{other}`"),
+            ))
+        }
+    };
+    let dimensions = match req.dimensions {
+        None => None,
+        Some(d) if d >= 1 => Some(d as usize),
+        Some(d) => {
+            return Err(ApiError::invalid(
+                "dimensions",
+                format!("`dimensions` must be at least 1; got {d}"),
+            ))
+        }
+    };
+    Ok(EmbeddingJob {
+        inputs,
+        base64,
+        dimensions,
+        add_special_tokens: req.add_special_tokens.unwrap_or(true),
+    })
+}
+
+/// The token counts of embedding inputs: each 1 to `context` tokens, all
+/// together at most `max_embedding_tokens`. Returns the total.
+pub fn embedding_tokens(
+    inputs: &[Vec<u32>],
+    limits: &Limits,
+    context: usize,
+) -> Result<usize, ApiError> {
+    for (i, ids) in inputs.iter().enumerate() {
+        if ids.is_empty() {
+            return Err(ApiError::invalid(
+                "input",
+                format!("input {i} has no tokens; an embedding is read at the last one"),
+            ));
+        }
+        if ids.len() > context {
+            return Err(ApiError::ContextLength {
+                message: format!(
+                    "This model's maximum context length is {context} tokens. However, input \
+                     {i} has {} tokens; shorten it.",
+                    ids.len()
+                ),
+                param: "input",
+            });
+        }
+    }
+    let total: usize = inputs.iter().map(Vec::len).sum();
+    if total > limits.max_embedding_tokens {
+        return Err(ApiError::invalid(
+            "input",
+            format!(
+                "the inputs of one embeddings request take at most {} tokens together; got \
+                 {total}; send them in several requests",
+                limits.max_embedding_tokens
+            ),
+        ));
+    }
+    Ok(total)
+}
+
 /// What a completion's prompt is.
 pub enum PromptInput {
     Text(String),
@@ -693,12 +803,14 @@ fn unit(value: f64, open: bool, param: &str) -> Result<f64, ApiError> {
 /// A registration: a task spec and its examples, each label an option's
 /// index, or a 400 naming the field.
 /// `layers` is the backend's tappable blocks (`None`: it returns no hidden
-/// states, so intent tasks are refused), `backend` its name.
+/// states, so intent tasks are refused), `backend` its name and `hint`
+/// what would make it return them.
 pub fn task(
     req: &TaskRequest,
     limits: &Limits,
     layers: Option<usize>,
     backend: &str,
+    hint: &str,
 ) -> Result<(TaskSpec, Vec<Example>), ApiError> {
     let name = req.name.trim();
     if name.is_empty()
@@ -736,7 +848,7 @@ pub fn task(
                     "kind",
                     format!(
                         "`intent` tasks read hidden states, which the {backend} backend does \
-                         not return; register a `choice` task (up to 26 options)"
+                         not return{hint}; register a `choice` task (up to 26 options)"
                     ),
                 ));
             };
@@ -950,6 +1062,13 @@ fn intent_labels(req: &TaskRequest, limits: &Limits) -> Result<Vec<String>, ApiE
 fn head_layer(req: &TaskRequest, layers: usize) -> Result<Option<usize>, ApiError> {
     match req.head.as_ref().and_then(|h| h.layer) {
         None | Some(-1) => Ok(None),
+        Some(k) if layers == 0 => Err(ApiError::invalid(
+            "head.layer",
+            format!(
+                "this backend returns the final norm's output only (its head upstream's \
+                 embeddings), so `head.layer` must be -1 or left out; got {k}"
+            ),
+        )),
         Some(k) if k >= 0 && (k as u64) < layers as u64 => Ok(Some(k as usize)),
         Some(k) => Err(ApiError::invalid(
             "head.layer",

@@ -516,8 +516,9 @@ impl TaskRegistry {
                         param: param.to_string(),
                         message: format!(
                             "the task `{name}` is an intent task, answered from hidden states, \
-                             which the {} backend does not return",
-                            self.route.engine().capabilities().name
+                             which the {} backend does not return{}",
+                            self.route.engine().capabilities().name,
+                            self.route.engine().capabilities().hidden_hint
                         ),
                     });
                 }

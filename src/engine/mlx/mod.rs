@@ -38,6 +38,7 @@ use tokio::sync::{mpsc, oneshot};
 use self::cache::ModelCache;
 use self::sample::Rng;
 use super::prefix_cache::{PrefixCache, Weighed};
+use super::EmbedReceiver;
 use super::{
     Capabilities, Engine, EngineError, EngineStatus, FinishReason, GenerateEvent, GenerateRequest,
     GenerateStream, ModelInfo, PadPolicy, QuestionScore, QuestionTokens, ScoreReceiver,
@@ -341,6 +342,10 @@ enum Job {
         request: ScoreRequest,
         reply: oneshot::Sender<Result<ScoreResult, EngineError>>,
     },
+    Embed {
+        inputs: Vec<Vec<u32>>,
+        reply: oneshot::Sender<Result<Vec<Vec<f32>>, EngineError>>,
+    },
 }
 
 /// The model's caches after a state's prefix, as the prefix cache keeps them,
@@ -544,6 +549,12 @@ impl Engine for MlxEngine {
         Ok(rx)
     }
 
+    fn embed(&self, inputs: Vec<Vec<u32>>) -> Result<EmbedReceiver, EngineError> {
+        let (reply, rx) = oneshot::channel();
+        self.submit(Job::Embed { inputs, reply })?;
+        Ok(rx)
+    }
+
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             padding: self.padding,
@@ -609,6 +620,29 @@ fn engine_thread(
                         prompts.record(&request.prefix, request.state);
                     }
                     let _ = reply.send(result);
+                }
+            }
+            Job::Embed { inputs, reply } => {
+                if !reply.is_closed() {
+                    let mut out = Vec::with_capacity(inputs.len());
+                    let mut failed = None;
+                    for ids in &inputs {
+                        let kept = Kept {
+                            cache: &prefix_cache,
+                            index: &mut prompts,
+                        };
+                        match embed_one(&model, &options, kept, ids) {
+                            Ok(v) => out.push(v),
+                            Err(e) => {
+                                failed = Some(EngineError::Model(e.to_string()));
+                                break;
+                            }
+                        }
+                    }
+                    let _ = reply.send(match failed {
+                        Some(e) => Err(e),
+                        None => Ok(out),
+                    });
                 }
             }
         }
@@ -694,6 +728,24 @@ fn score(
         new_state_seconds,
         questions,
     })
+}
+
+/// The final norm's output at the last position of `ids`, as float32: the
+/// prompt is continued from the longest kept prompt it extends (as a
+/// decision's question continues its state) or prefilled from position 0
+/// and kept (as a decision prefills its state), so that the embedding of a
+/// state and then of the state and a question gives the bits of the
+/// decision's hidden state.
+fn embed_one(
+    model: &MlxModel,
+    options: &MlxOptions,
+    kept: Kept<'_>,
+    ids: &[u32],
+) -> MlxResult<Vec<f32>> {
+    let (last, _) = prefill_prompt(model, options, kept, ids)?;
+    let v = ops::reshape(last.as_type::<f32>()?, &[-1])?;
+    v.eval()?;
+    Ok(v.as_slice::<f32>().to_vec())
 }
 
 /// Room one remembered answer takes: the logits and log-probabilities of

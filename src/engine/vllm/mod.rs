@@ -19,6 +19,14 @@
 //! A letter that no method returned is an error, never a silent zero.
 //! Every call has a timeout; routing, retries and health checks live in
 //! [`pool`]; the wire types in [`protocol`].
+//!
+//! Intent tasks read hidden states, which a completions server does not
+//! return: with `--head-upstream` they come from a second engine, a
+//! pooling server (last-token pooling, not normalised) asked for the
+//! embedding of the same token ids the completions upstream is sent for the
+//! answer position, state first and then state and question (the second
+//! continues the first in the upstream's prefix cache, as a decision's
+//! question continues its state).
 
 pub mod pool;
 pub mod protocol;
@@ -32,11 +40,13 @@ use sha2::{Digest, Sha256};
 use tokio::sync::{mpsc, oneshot};
 
 use self::pool::{Pool, Probed, Upstream, UpstreamError};
-use self::protocol::{token_id, CompletionRequest, CompletionResponse, ModelList};
+use self::protocol::{
+    token_id, CompletionRequest, CompletionResponse, EmbeddingRequest, EmbeddingResponse, ModelList,
+};
 use super::{
-    Capabilities, ChatReceiver, Engine, EngineError, EngineStatus, FinishReason, GenerateEvent,
-    GenerateRequest, GenerateStream, ModelInfo, MultiQuestion, PadPolicy, QuestionScore,
-    QuestionTokens, ScoreReceiver, ScoreRequest, ScoreResult, TokenLogprobs,
+    Capabilities, ChatReceiver, EmbedReceiver, Engine, EngineError, EngineStatus, FinishReason,
+    GenerateEvent, GenerateRequest, GenerateStream, ModelInfo, MultiQuestion, PadPolicy,
+    QuestionScore, QuestionTokens, ScoreReceiver, ScoreRequest, ScoreResult, TokenLogprobs,
 };
 use crate::metrics::Metrics;
 use crate::settings::UpstreamLimits;
@@ -102,10 +112,18 @@ pub struct VllmOptions {
     pub max_queue: usize,
     pub limits: UpstreamLimits,
     pub metrics: Arc<Metrics>,
+    /// Base URL of the head upstream: a pooling server whose embeddings
+    /// are the hidden states of intent tasks (`--head-upstream`).
+    pub head_upstream: Option<String>,
+    /// The hidden size of the prompt side's config.json, which the head
+    /// upstream's embeddings must have.
+    pub hidden_size: Option<usize>,
 }
 
 struct Inner {
     pool: Pool,
+    /// The head upstream, when one is configured.
+    head: Option<Pool>,
     options: VllmOptions,
     depth: AtomicUsize,
     ready: AtomicBool,
@@ -144,7 +162,7 @@ impl VllmEngine {
                 options.limits.max_upstreams
             ));
         }
-        for u in &options.upstreams {
+        for u in options.upstreams.iter().chain(&options.head_upstream) {
             if !u.starts_with("http://") {
                 return Err(format!(
                     "--upstream {u}: only http:// URLs are served (put TLS in front of the \
@@ -164,8 +182,18 @@ impl VllmEngine {
             options.limits.clone(),
             options.metrics.clone(),
         )?;
+        let head = match &options.head_upstream {
+            Some(url) => Some(Pool::new(
+                std::slice::from_ref(url),
+                options.api_key.clone(),
+                options.limits.clone(),
+                options.metrics.clone(),
+            )?),
+            None => None,
+        };
         let inner = Arc::new(Inner {
             pool,
+            head,
             options,
             depth: AtomicUsize::new(0),
             ready: AtomicBool::new(false),
@@ -214,9 +242,36 @@ impl VllmEngine {
                 errors.join("; ")
             ));
         }
+        if let Some(head) = &inner.head {
+            let u = &head.upstreams[0];
+            match runtime.block_on(probe_head(&inner, head, u)) {
+                Ok(p) => {
+                    tracing::info!(
+                        "head upstream {}: serves `{}`, embeddings of {} values (last-token \
+                         hidden states, not normalised), max_model_len {}",
+                        u.url,
+                        p.model,
+                        p.hidden_size.unwrap_or(0),
+                        p.max_model_len.map_or("unknown".into(), |n| n.to_string()),
+                    );
+                    if let Ok(mut g) = u.probed.lock() {
+                        *g = Some(p);
+                    }
+                    head.admit(u);
+                }
+                Err(e) => return Err(format!("the head upstream failed its probe: {e}")),
+            }
+        }
         let context_length = probed
             .iter()
             .filter_map(|p| p.max_model_len)
+            .chain(
+                inner
+                    .head
+                    .iter()
+                    .filter_map(|h| h.upstreams[0].probed())
+                    .filter_map(|p| p.max_model_len),
+            )
             .min()
             .unwrap_or(inner.options.context_length);
         let info = ModelInfo {
@@ -307,6 +362,46 @@ impl Engine for VllmEngine {
         Ok(rx)
     }
 
+    fn hidden_layers(&self) -> Option<usize> {
+        // The final norm's output only: a pooling server taps no block.
+        self.inner.head.as_ref().map(|_| 0)
+    }
+
+    fn embed(&self, inputs: Vec<Vec<u32>>) -> Result<EmbedReceiver, EngineError> {
+        if self.inner.head.is_none() {
+            return Err(EngineError::Model(format!(
+                "embeddings are not served by the vLLM backend without a head upstream{}",
+                NO_HEAD_HINT
+            )));
+        }
+        let guard = self.admit()?;
+        let (reply, rx) = oneshot::channel();
+        let inner = self.inner.clone();
+        self.handle()?.spawn(async move {
+            let _guard = guard;
+            let fan_out = inner.options.limits.fan_out.max(1);
+            let all = inputs.into_iter().map(|ids| {
+                let inner = inner.clone();
+                async move {
+                    let mut h = Sha256::new();
+                    for id in &ids {
+                        h.update(id.to_le_bytes());
+                    }
+                    let key: [u8; 32] = h.finalize().into();
+                    head_hidden(&inner, &key, &ids).await
+                }
+            });
+            let result: Result<Vec<Vec<f32>>, EngineError> = futures::stream::iter(all)
+                .buffered(fan_out)
+                .collect::<Vec<_>>()
+                .await
+                .into_iter()
+                .collect();
+            let _ = reply.send(result);
+        });
+        Ok(rx)
+    }
+
     fn capabilities(&self) -> Capabilities {
         let default = self.inner.options.mode;
         let mut modes = vec![default];
@@ -320,6 +415,12 @@ impl Engine for VllmEngine {
             padding: self.inner.options.padding,
             name: "vLLM",
             images: true,
+            embeddings: self.inner.head.is_some(),
+            hidden_hint: if self.inner.head.is_some() {
+                ""
+            } else {
+                NO_HEAD_HINT
+            },
         }
     }
 
@@ -354,6 +455,115 @@ async fn chat_passthrough(
         })
         .await?;
     Ok(answer)
+}
+
+/// What makes the vLLM backend return hidden states.
+const NO_HEAD_HINT: &str = " (start the gateway with --head-upstream URL, a pooling server \
+     whose /v1/embeddings are the model's last-token hidden states, to serve them)";
+
+/// Asks the head upstream what it serves and checks its embeddings: as
+/// wide as the prompt side's hidden size, finite, and not normalised (a
+/// vector of norm 1 is a pooler that normalises, which no head was fitted
+/// on).
+async fn probe_head(inner: &Inner, pool: &Pool, u: &Upstream) -> Result<Probed, UpstreamError> {
+    let o = &inner.options;
+    let timeout = secs(o.limits.probe_timeout_s);
+    let invalid = |message: String| UpstreamError::Invalid {
+        url: u.url.clone(),
+        message,
+    };
+    let models: ModelList = pool.call(u, "/v1/models", None::<&()>, timeout).await?;
+    let card = match &o.model {
+        Some(m) => models.data.iter().find(|c| &c.id == m),
+        None => None,
+    }
+    .or(models.data.first())
+    .ok_or_else(|| invalid("GET /v1/models lists no model".into()))?;
+    let body = EmbeddingRequest {
+        model: card.id.clone(),
+        input: vec![o.letter_ids[0], o.letter_ids[1]],
+        encoding_format: "base64",
+    };
+    let r: EmbeddingResponse = pool.call(u, "/v1/embeddings", Some(&body), timeout).await?;
+    let v = r
+        .data
+        .into_iter()
+        .next()
+        .ok_or_else(|| invalid("the embeddings answer has no data".into()))?
+        .embedding
+        .into_f32()
+        .map_err(invalid)?;
+    if let Some(want) = o.hidden_size.filter(|&w| w != v.len()) {
+        return Err(invalid(format!(
+            "its embeddings have {} values; the model's hidden size is {want} (serve the same \
+             model, without `dimensions` or a projection)",
+            v.len()
+        )));
+    }
+    if v.is_empty() || v.iter().any(|x| !x.is_finite()) {
+        return Err(invalid(
+            "its embedding is empty or not finite (base64 must be little-endian float32)".into(),
+        ));
+    }
+    let norm = v
+        .iter()
+        .map(|&x| f64::from(x) * f64::from(x))
+        .sum::<f64>()
+        .sqrt();
+    if (norm - 1.0).abs() < 1e-3 {
+        return Err(invalid(
+            "its embeddings are normalised (norm 1); start the pooling server with last-token \
+             pooling and normalisation off (`--pooler-config` with `\"pooling_type\": \"LAST\"` \
+             and `\"normalize\": false`, or `\"use_activation\": false` where `normalize` was \
+             removed)"
+                .into(),
+        ));
+    }
+    Ok(Probed {
+        model: card.id.clone(),
+        max_model_len: card.max_model_len,
+        method: LetterMethod::TokenIds,
+        hidden_size: Some(v.len()),
+    })
+}
+
+/// The hidden state at the last of `ids`: the head upstream's embedding of
+/// them, exactly as sent (base64 float32).
+async fn head_hidden(inner: &Inner, key: &[u8], ids: &[u32]) -> Result<Vec<f32>, EngineError> {
+    let head = inner.head.as_ref().ok_or_else(|| {
+        EngineError::Model(format!(
+            "hidden states are not served by the vLLM backend without a head upstream{NO_HEAD_HINT}"
+        ))
+    })?;
+    let (probed, response): (Probed, EmbeddingResponse) = head
+        .call_routed(key, "/v1/embeddings", score_timeout(inner), |p| {
+            EmbeddingRequest {
+                model: p.model.clone(),
+                input: ids.to_vec(),
+                encoding_format: "base64",
+            }
+        })
+        .await?;
+    let url = head.upstreams.first().map_or("", |u| u.url.as_str());
+    let v = response
+        .data
+        .into_iter()
+        .next()
+        .ok_or_else(|| format!("head upstream {url}: the embeddings answer has no data"))
+        .and_then(|d| {
+            d.embedding
+                .into_f32()
+                .map_err(|e| format!("head upstream {url}: {e}"))
+        })
+        .map_err(EngineError::Upstream)?;
+    if probed.hidden_size.is_some_and(|n| n != v.len()) {
+        return Err(EngineError::Upstream(format!(
+            "head upstream {url} answered an embedding of {} values; it was probed with {}",
+            v.len(),
+            probed.hidden_size.unwrap_or(0)
+        )));
+    }
+    Ok(v)
 }
 
 /// Asks an upstream what it serves and how it reads letters.
@@ -431,6 +641,7 @@ async fn probe(inner: &Inner, u: &Upstream) -> Result<Probed, UpstreamError> {
                     model,
                     max_model_len,
                     method: LetterMethod::TokenIds,
+                    hidden_size: None,
                 })
             }
             Ok(_) => notes.push("logprob_token_ids is ignored".to_string()),
@@ -457,6 +668,7 @@ async fn probe(inner: &Inner, u: &Upstream) -> Result<Probed, UpstreamError> {
                     model,
                     max_model_len,
                     method: LetterMethod::AllowedTokens,
+                    hidden_size: None,
                 })
             }
             Ok(_) => notes.push(
@@ -502,6 +714,7 @@ async fn probe(inner: &Inner, u: &Upstream) -> Result<Probed, UpstreamError> {
             method: LetterMethod::TopK {
                 k: cap.min(o.vocab_size),
             },
+            hidden_size: None,
         });
     }
     Err(UpstreamError::Invalid {
@@ -571,7 +784,43 @@ async fn health_loop(inner: Arc<Inner>) {
                 pool.passed(&u);
             }
         });
-        futures::future::join_all(checks).await;
+        let head_checks = inner.head.iter().flat_map(|h| &h.upstreams).map(|u| {
+            let inner = inner.clone();
+            let u = u.clone();
+            async move {
+                let Some(pool) = inner.head.as_ref() else {
+                    return;
+                };
+                let healthy = pool
+                    .call::<(), serde_json::Value>(&u, "/health", None, timeout)
+                    .await
+                    .is_ok();
+                if !healthy {
+                    pool.failed(&u);
+                    return;
+                }
+                if u.is_ejected() {
+                    match probe_head(&inner, pool, &u).await {
+                        Ok(p) => {
+                            if let Ok(mut g) = u.probed.lock() {
+                                *g = Some(p);
+                            }
+                        }
+                        Err(e) => {
+                            tracing::warn!("head upstream {} failed its probe: {e}", u.url);
+                            pool.failed(&u);
+                            return;
+                        }
+                    }
+                }
+                pool.passed(&u);
+            }
+        });
+        futures::future::join(
+            futures::future::join_all(checks),
+            futures::future::join_all(head_checks),
+        )
+        .await;
     }
 }
 
@@ -726,24 +975,51 @@ async fn prefill_state(
 
 async fn score(inner: &Inner, request: &ScoreRequest) -> Result<ScoreResult, EngineError> {
     if request.hidden {
-        return Err(EngineError::Model(
-            "hidden states are not served by the vLLM backend".into(),
-        ));
+        if inner.head.is_none() {
+            return Err(EngineError::Model(format!(
+                "hidden states are not served by the vLLM backend without a head \
+                 upstream{NO_HEAD_HINT}"
+            )));
+        }
+        if let Some(layer) = request.hidden_layer {
+            return Err(EngineError::Model(format!(
+                "the vLLM backend's head upstream returns the final norm's output only, not \
+                 block {layer}'s"
+            )));
+        }
     }
     let key = request.state.0;
     let prefix_len = request.prefix.len();
+    // The head upstream embeds the state alone first, so that each
+    // question's embedding continues it (its prefix cache), as a decision's
+    // question continues its state.
+    let head_warm = async {
+        if request.hidden && !request.prefix.is_empty() {
+            head_hidden(inner, &key, &request.prefix).await?;
+        }
+        Ok::<_, EngineError>(())
+    };
     let one = |q: &QuestionTokens| {
         let mut prompt = request.prefix.clone();
         prompt.extend_from_slice(&q.suffix);
         let read = q.read.clone();
         async move {
             let started = Instant::now();
-            let (lps, cached) = read_letters(inner, &key, &prompt, &read).await?;
+            let hidden = async {
+                if request.hidden {
+                    head_hidden(inner, &key, &prompt).await.map(Some)
+                } else {
+                    Ok(None)
+                }
+            };
+            let ((lps, cached), hidden) =
+                futures::future::try_join(read_letters(inner, &key, &prompt, &read), hidden)
+                    .await?;
             Ok::<_, EngineError>((
                 QuestionScore {
                     logits: lps.clone(),
                     logprobs: lps,
-                    hidden: None,
+                    hidden,
                     seconds: started.elapsed().as_secs_f64(),
                     memoised: false,
                 },
@@ -757,6 +1033,7 @@ async fn score(inner: &Inner, request: &ScoreRequest) -> Result<ScoreResult, Eng
     let mut warmed: Option<(Option<usize>, Instant)> = None;
     match request.mode {
         MultiQuestion::Sequential => {
+            head_warm.await?;
             for q in &request.questions {
                 results.push(one(q).await?);
             }
@@ -765,7 +1042,10 @@ async fn score(inner: &Inner, request: &ScoreRequest) -> Result<ScoreResult, Eng
             // One request prefills the state alone; then every question
             // finds it cached and they all go out at once.
             let started = Instant::now();
-            warmed = Some((prefill_state(inner, &key, &request.prefix).await?, started));
+            let (cached, ()) =
+                futures::future::try_join(prefill_state(inner, &key, &request.prefix), head_warm)
+                    .await?;
+            warmed = Some((cached, started));
             let rest: Vec<_> = futures::stream::iter(request.questions.iter().map(one))
                 .buffered(inner.options.limits.fan_out.max(1))
                 .collect()
@@ -775,6 +1055,7 @@ async fn score(inner: &Inner, request: &ScoreRequest) -> Result<ScoreResult, Eng
             }
         }
         MultiQuestion::Warm => {
+            head_warm.await?;
             let mut questions = request.questions.iter();
             if let Some(first) = questions.next() {
                 results.push(one(first).await?);
@@ -788,9 +1069,10 @@ async fn score(inner: &Inner, request: &ScoreRequest) -> Result<ScoreResult, Eng
             }
         }
         MultiQuestion::Packed => {
+            drop(head_warm);
             return Err(EngineError::Model(
                 "packed questions are not served by the vLLM backend".into(),
-            ))
+            ));
         }
     }
     let cached = match warmed {

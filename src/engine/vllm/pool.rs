@@ -89,7 +89,12 @@ pub struct Probed {
     /// The model name it serves (sent as `model`).
     pub model: String,
     pub max_model_len: Option<usize>,
+    /// How option letters are read (a head upstream reads none: it holds
+    /// the default, unused).
     pub method: LetterMethod,
+    /// The width of a head upstream's embeddings (`None` on the
+    /// completions upstreams).
+    pub hidden_size: Option<usize>,
 }
 
 /// One upstream server and what routing knows of it.
@@ -413,6 +418,7 @@ mod tests {
             model: "m".into(),
             max_model_len: None,
             method: LetterMethod::TokenIds,
+            hidden_size: None,
         });
         p.failed(u);
         assert!(u.is_ejected(), "eject_after is 1");

@@ -4,6 +4,9 @@
 //! (`logprob_token_ids`, `allowed_token_ids`, `return_tokens_as_token_ids`,
 //! `ignore_eos`). Field names follow vLLM's `CompletionRequest` and
 //! `CompletionResponse` (vllm/entrypoints/openai/completion/protocol.py).
+//! The head upstream is sent `POST /v1/embeddings` with one token-id input
+//! and `encoding_format: "base64"` (OpenAI's shape, which vLLM's pooling
+//! server and decisio's MLX backend both serve).
 
 use std::collections::HashMap;
 
@@ -86,6 +89,46 @@ pub struct ModelCard {
     pub max_model_len: Option<usize>,
 }
 
+/// An embeddings request of one token-id input. Nothing beyond OpenAI's
+/// fields is sent: the pooling (last token, not normalised) is the head
+/// upstream's own setting, checked by the probe.
+#[derive(Clone, Debug, Serialize)]
+pub struct EmbeddingRequest {
+    pub model: String,
+    pub input: Vec<u32>,
+    /// `base64`: little-endian float32 bytes, exact bits.
+    pub encoding_format: &'static str,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+pub struct EmbeddingResponse {
+    pub data: Vec<EmbeddingData>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+pub struct EmbeddingData {
+    pub embedding: EmbeddingValue,
+}
+
+/// An embedding as base64 of little-endian float32 bytes, or as numbers.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(untagged)]
+pub enum EmbeddingValue {
+    Base64(String),
+    Floats(Vec<f64>),
+}
+
+impl EmbeddingValue {
+    /// The float32 values: base64's bytes exactly; numbers narrowed from
+    /// their f64 reading (float32 text written shortest round-trips).
+    pub fn into_f32(self) -> Result<Vec<f32>, String> {
+        match self {
+            EmbeddingValue::Base64(text) => crate::base64::decode_f32(&text),
+            EmbeddingValue::Floats(v) => Ok(v.into_iter().map(|x| x as f32).collect()),
+        }
+    }
+}
+
 /// The token id in a `token_id:N` name (`return_tokens_as_token_ids`).
 pub fn token_id(name: &str) -> Option<u32> {
     name.strip_prefix("token_id:")?.parse().ok()
@@ -159,6 +202,22 @@ mod tests {
         );
         assert_eq!(token_id("token_id:42"), Some(42));
         assert_eq!(token_id("A"), None);
+    }
+
+    #[test]
+    fn reads_embeddings_of_both_encodings() {
+        let r: EmbeddingResponse = serde_json::from_str(
+            r#"{"object": "list", "data": [{"object": "embedding", "index": 0,
+                "embedding": "AACAPwAAwL8="}], "model": "m",
+                "usage": {"prompt_tokens": 2, "total_tokens": 2}}"#,
+        )
+        .unwrap();
+        let v = r.data.into_iter().next().unwrap().embedding.into_f32();
+        assert_eq!(v.unwrap(), vec![1.0, -1.5]);
+        let r: EmbeddingResponse =
+            serde_json::from_str(r#"{"data": [{"embedding": [0.1, -2.5]}]}"#).unwrap();
+        let v = r.data.into_iter().next().unwrap().embedding.into_f32();
+        assert_eq!(v.unwrap(), vec![0.1f32, -2.5]);
     }
 
     #[test]
