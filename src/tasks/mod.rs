@@ -579,13 +579,15 @@ impl TaskRegistry {
             r.error = Some(message.clone());
             r.progress.rate = None;
             r.progress.eta_seconds = None;
-        });
-        if let Ok(Some(())) = saved {
-            tracing::warn!("task `{name}` ({id}): registration failed: {message}");
+            // Counted before the status is published, so that a client who
+            // sees `failed` also sees it counted.
             self.metrics
                 .task_registrations
                 .with_label_values(&["failed"])
                 .inc();
+        });
+        if let Ok(Some(())) = saved {
+            tracing::warn!("task `{name}` ({id}): registration failed: {message}");
             self.store.remove_checkpoint(id);
         }
     }
@@ -694,16 +696,17 @@ impl TaskRegistry {
             r.progress.eta_seconds = Some(0.0);
             r.seconds = report.seconds;
             r.report = Some(report);
+            // Counted before the status is published (see `fail`).
+            self.metrics
+                .task_registrations
+                .with_label_values(&["ready"])
+                .inc();
         })?
         else {
             return Ok(());
         };
         self.store.remove_checkpoint(id);
         self.metrics.task_registration_rate.set(0.0);
-        self.metrics
-            .task_registrations
-            .with_label_values(&["ready"])
-            .inc();
         tracing::info!(
             "task `{}` ({id}): ready, T = {:.4}, holdout ECE {:.4} -> {:.4}",
             spec.name,
