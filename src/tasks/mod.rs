@@ -806,9 +806,10 @@ fn intent_probe(question: &Question) -> Question {
 }
 
 /// Fits an intent task on its examples' hidden states: the seeded
-/// stratified split, the head on the fit split (cross-validated strength,
-/// temperature on the out-of-fold logits), the figures and the threshold
-/// on the holdout, and the draws when asked for.
+/// stratified split, the head on the fit split (cross-validated strength
+/// and the head on its head part, the temperature on its calibration part),
+/// the figures and the threshold on the holdout, and the draws when asked
+/// for.
 pub fn fit_intent(
     spec: &TaskSpec,
     features: &[Vec<f32>],
@@ -821,7 +822,11 @@ pub fn fit_intent(
     let fy: Vec<usize> = fit_idx.iter().map(|&i| labels[i]).collect();
     let hx: Vec<&[f32]> = held_idx.iter().map(|&i| rows[i]).collect();
     let hy: Vec<usize> = held_idx.iter().map(|&i| labels[i]).collect();
-    let fitted = head::fit(&fx, &fy, n_labels, spec.head_layer, spec.seed)?;
+    let mut fitted = head::fit(&fx, &fy, n_labels, spec.head_layer, spec.seed)?;
+    // The temperature's examples, as indices of the task's examples.
+    for i in fitted.report.calibration_indices.iter_mut() {
+        *i = fit_idx[*i];
+    }
     let (before, after) = head::figures(&fitted.head, &hx, &hy);
     let held_logits = head::logits(&fitted.head, &hx);
     let pairs = calibrate::confidences(&held_logits, &hy, fitted.head.temperature);
