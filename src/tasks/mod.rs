@@ -594,7 +594,7 @@ impl TaskRegistry {
         let record = self.get(id).map_err(|e| e.to_string())?;
         let spec = record.spec.clone();
         let examples = self.store.load_examples(id)?;
-        let mut logits = self.store.load_checkpoint(id)?;
+        let (mut logits, mut sealed) = self.store.load_checkpoint(id)?;
         // A choice task's rows are its letters' logits; an intent task's,
         // hidden states of one width.
         let width = match spec.kind {
@@ -603,6 +603,7 @@ impl TaskRegistry {
         };
         if logits.len() > examples.len() || logits.iter().any(|l| Some(l.len()) != width) {
             logits.clear();
+            sealed = 0;
         }
         let resumed = logits.len();
         let started = Instant::now();
@@ -651,7 +652,7 @@ impl TaskRegistry {
             // progress is kept in memory after every example.
             if last_save.elapsed() >= CHECKPOINT_EVERY || done == examples.len() {
                 last_save = Instant::now();
-                self.store.save_checkpoint(id, &logits)?;
+                self.store.save_checkpoint(id, &logits, &mut sealed)?;
                 self.update(id, progress)?;
             } else {
                 let mut tasks = self.lock();
