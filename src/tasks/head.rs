@@ -538,7 +538,12 @@ mod tests {
     #[test]
     fn the_calibration_part_is_stratified_seeded_and_leaves_the_head_every_label() {
         // Labels with 10, 5, 2 and 1 examples.
-        let y: Vec<usize> = [0; 10].into_iter().chain([1; 5]).chain([2; 2]).chain([3]).collect();
+        let y: Vec<usize> = [0; 10]
+            .into_iter()
+            .chain([1; 5])
+            .chain([2; 2])
+            .chain([3])
+            .collect();
         let cal = calibration_part(&y, 4, 3);
         let count = |l: usize| cal.iter().filter(|&&i| y[i] == l).count();
         assert_eq!((count(0), count(1), count(2), count(3)), (2, 1, 1, 0));
