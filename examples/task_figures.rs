@@ -1,8 +1,9 @@
 //! Figures for the task-registration benchmark (`scripts/bench/task_registration.py`).
 //!
 //! `cargo run --release --example task_figures -- fit-time [N] [LABELS] [DIM]`
-//! times the intent head's fit (cross-validation over the C grid, the
-//! temperature, the final fit) on N synthetic feature rows of width DIM
+//! times the intent head's fit (cross-validation over the C grid on the
+//! head part, the final fit, the temperature on the calibration part) on N
+//! synthetic feature rows of width DIM
 //! (default 10,000 x 57 labels x 576, the fixture's width) and prints JSON.
 //!
 //! `cargo run --release --example task_figures -- reliability TASK.json OUT.png FONT.ttf`
@@ -59,6 +60,8 @@ fn fit_time(args: &[String]) {
         "features": "synthetic: one random centre per label plus uniform noise",
         "fit_seconds": seconds,
         "fits": head::C_GRID.len() * head::FOLDS + 1,
+        "head_examples": fitted.report.head_examples,
+        "calibration_examples": fitted.report.calibration_indices.len(),
         "c": fitted.head.c, "temperature": fitted.head.temperature,
         "cross_validation": fitted.report.cross_validation,
         "apply_microseconds_per_example": apply_us,
@@ -81,8 +84,11 @@ fn reliability(args: &[String]) {
     let r = &task["result"];
     let root = BitMapBackend::new(output, (720, 720)).into_drawing_area();
     root.fill(&WHITE).expect("draw");
+    let calibration = r["head"]["calibration_indices"]
+        .as_array()
+        .map_or(String::new(), |c| format!("; T on {} examples", c.len()));
     let title = format!(
-        "{}: holdout reliability (n = {})",
+        "{}: holdout reliability (n = {}{calibration})",
         task["name"].as_str().unwrap_or("task"),
         r["holdout_examples"]
     );

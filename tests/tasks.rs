@@ -773,6 +773,30 @@ fn an_intent_task_over_mmlu_subjects_is_fitted_persisted_and_served() {
         .iter()
         .map(|v| v.as_u64().unwrap() as usize)
         .collect();
+    // The temperature was fitted on one of each subject's 3 fit examples,
+    // none of them held out; the head on the other 2 (a draw of 2 shots:
+    // 1 and 1).
+    let calibration: Vec<usize> = r["head"]["calibration_indices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as usize)
+        .collect();
+    assert_eq!(calibration.len(), 57);
+    assert_eq!(r["head"]["head_examples"], 57 * 2);
+    assert!(calibration.iter().all(|i| !held.contains(i)));
+    let mut subjects_seen: Vec<&str> = calibration
+        .iter()
+        .map(|&i| examples[i]["label"].as_str().unwrap())
+        .collect();
+    subjects_seen.sort_unstable();
+    subjects_seen.dedup();
+    assert_eq!(subjects_seen.len(), 57);
+    assert!(d["per_draw"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|p| p["calibration_examples"] == 57));
     let mut right = 0;
     let mut answers = Vec::new();
     for &i in &held {

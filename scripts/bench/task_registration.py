@@ -2,7 +2,7 @@
 
 Usage: python scripts/bench/task_registration.py [--examples 120] [--decisions 80]
            [--only choice|intent] [--shots 10] [--draws 6] [--fit-per-label 20]
-           [--holdout-per-label 4]
+           [--holdout-per-label 4] [--pairs 4] [--block 48] [--fit-rows 10000]
 
 On the fixture model, with MMLU questions as states (the question and its
 four answers lettered, the task asking which letter is correct):
@@ -18,14 +18,18 @@ Intent heads (`--only intent`, or after the above): an intent task over
 MMLU's 57 subjects ("which subject is this question from?"), per subject
 `fit-per-label + holdout-per-label` questions (draws sample `shots` of the
 `fit-per-label`; with `fit-per-label == shots` every draw is the same set):
-  (4) plain forward throughput on the first 114 of those examples (one
-      decision each) against the intent registration's scoring throughput
-      on all of them (the task's progress rate), and its ratio;
+  (4) plain forward against registration scoring on the same examples, in
+      interleaved blocks (A, B, A, B, ...; `pairs` of each, `block`
+      examples each): A decides each example through POST /v1/decide
+      naming a ready intent task with the same question (the same prompt
+      and hidden state the registration reads), B registers the block as
+      an intent task (its scoring rate); medians of the per-block rates and
+      their ratio;
   (5) the head's holdout accuracy and ECE over `draws` draws of `shots`
       examples per label (mean and standard deviation), and the served
-      head's (fitted on the whole fit split) figures before and after its
-      temperature;
-  (6) the head's fit time on 10,000 synthetic rows of the fixture's width
+      head's (fitted on the fit split) figures before and after its
+      temperature, and the registration's scoring rate over all examples;
+  (6) the head's fit time on `fit-rows` (10,000) synthetic rows of the fixture's width
       (576) and 57 labels (examples/task_figures.rs), and the served head's
       reliability diagram as a PNG (plotters).
 Writes runs/<date>_task-registration/{summary.md,results.json} (choice) and
@@ -117,6 +121,68 @@ def figures_example(*args):
     return out.stdout
 
 
+def post_task(port, body):
+    data = json.dumps(body).encode()
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    c.request("POST", "/v1/tasks", data, {"Content-Type": "application/json"})
+    r = c.getresponse()
+    reply = json.loads(r.read())
+    if r.status != 202:
+        raise RuntimeError(f"registration refused: {reply}")
+    return reply["id"]
+
+
+def wait_ready(port, tid, poll):
+    while True:
+        task = get(port, f"/v1/tasks/{tid}")
+        if task["status"] not in ("queued", "running"):
+            break
+        time.sleep(poll)
+    if task["status"] != "ready":
+        raise RuntimeError(f"the registration ended {task['status']}: {task}")
+    return task
+
+
+def intent_body(name, examples, holdout, **extra):
+    labels = list(dict.fromkeys(e["label"] for e in examples))
+    return {"name": name, "kind": "intent", "question": SUBJECT_QUESTION, "labels": labels,
+            "examples": examples, "holdout": holdout, "seed": 0, "head": {"layer": -1},
+            **extra}
+
+
+def throughput(port, examples, pairs, size):
+    """Plain forward (A) and registration scoring (B) on the same examples,
+    in interleaved blocks A, B, A, B, ...: `pairs` blocks of `size` examples
+    each, spread over the subjects. A decides each example through
+    POST /v1/decide naming a ready intent task with the same question, so
+    the prompt and the hidden state read are the registration's; B registers
+    the block as an intent task and reads its scoring rate (progress.rate),
+    waiting for it to be ready before the next block."""
+    probe = [e for e in examples if e["label"] == examples[0]["label"]][:2] + \
+        [e for e in examples if e["label"] != examples[0]["label"]][:2]
+    wait_ready(port, post_task(port, intent_body("probe", probe, 0.5)), 0.2)
+    stride = len(examples) // size
+    if pairs > stride:
+        raise RuntimeError(f"{pairs} blocks of {size} examples do not fit {len(examples)}")
+    blocks = []
+    for b in range(pairs):
+        block = [examples[j] for j in range(b, len(examples), stride)][:size]
+        t0 = time.perf_counter()
+        for e in block:
+            common.post(port, "/v1/decide", {"state": e["state"],
+                                             "questions": [{"task": "probe"}]})
+        plain = len(block) / (time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        task = wait_ready(port, post_task(port, intent_body(f"block-{b}", block, 0.2)), 0.2)
+        blocks.append({"examples": len(block), "plain_forward_examples_per_second": plain,
+                       "registration_scoring_examples_per_second": task["progress"]["rate"],
+                       "registration_wall_seconds": time.perf_counter() - t0})
+    a = statistics.median(x["plain_forward_examples_per_second"] for x in blocks)
+    b = statistics.median(x["registration_scoring_examples_per_second"] for x in blocks)
+    return {"pairs": pairs, "block_examples": size, "blocks": blocks,
+            "plain_forward_median": a, "registration_scoring_median": b, "ratio": b / a}
+
+
 def intent(args):
     per = args.fit_per_label + args.holdout_per_label
     labels, examples = subject_examples(per)
@@ -125,50 +191,36 @@ def intent(args):
     state_dir = tempfile.mkdtemp(prefix="decisio-bench-intent-")
     proc, port = common.start_decisio(extra=("--state-dir", state_dir))
     try:
-        # (4) plain forward: the first examples decided one by one (a new
-        # state each; the question with two lettered options).
-        plain = examples[:114]
+        # (4) plain forward against registration scoring, interleaved.
+        tp = throughput(port, examples, args.pairs, args.block)
+        # (5) the registration of all examples, with the draws.
+        body = intent_body("mmlu-subject", examples, holdout, draws=args.draws,
+                           shots=args.shots)
+        assert body["labels"] == labels
         t0 = time.perf_counter()
-        for e in plain:
-            common.post(port, "/v1/decide", {"state": e["state"], "questions": [
-                {"text": SUBJECT_QUESTION, "options": ["A", "B"]}]})
-        plain_rate = len(plain) / (time.perf_counter() - t0)
-        body = {"name": "mmlu-subject", "kind": "intent", "question": SUBJECT_QUESTION,
-                "labels": labels, "examples": examples, "holdout": holdout, "seed": 0,
-                "head": {"layer": -1}, "draws": args.draws, "shots": args.shots}
-        data = json.dumps(body).encode()
-        c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-        t0 = time.perf_counter()
-        c.request("POST", "/v1/tasks", data, {"Content-Type": "application/json"})
-        r = c.getresponse()
-        reply = json.loads(r.read())
-        if r.status != 202:
-            raise RuntimeError(f"registration refused: {reply}")
-        while True:
-            task = get(port, f"/v1/tasks/{reply['id']}")
-            if task["status"] not in ("queued", "running"):
-                break
-            time.sleep(1.0)
+        task = wait_ready(port, post_task(port, body), 1.0)
         wall = time.perf_counter() - t0
-        if task["status"] != "ready":
-            raise RuntimeError(f"the registration ended {task['status']}: {task}")
     finally:
         proc.terminate()
         proc.wait()
     (out / "intent-task.json").write_text(json.dumps(task, indent=2) + "\n")
     figures_example("reliability", str(out / "intent-task.json"), str(out / "reliability.png"),
                     FONT)
-    fit = json.loads(figures_example("fit-time", "10000", "57", "576"))
+    fit = json.loads(figures_example("fit-time", str(args.fit_rows), "57", "576"))
     r = task["result"]
     d = r["draws"]
     reg_rate = task["progress"]["rate"]
+    command = ("python scripts/bench/task_registration.py --only intent "
+               f"--fit-per-label {args.fit_per_label} --holdout-per-label "
+               f"{args.holdout_per_label} --shots {args.shots} --draws {args.draws} "
+               f"--pairs {args.pairs} --block {args.block} --fit-rows {args.fit_rows}")
+    calibration = r["head"]["calibration_indices"]
     results = {
         "examples": len(examples), "labels": len(labels), "shots": args.shots,
         "fit_per_label": args.fit_per_label,
         "draws": args.draws, "holdout_per_label": args.holdout_per_label,
-        "plain_forward_examples_per_second": plain_rate,
-        "registration_scoring_examples_per_second": reg_rate,
-        "ratio_to_plain": reg_rate / plain_rate,
+        "throughput": tp,
+        "registration_all_examples_scoring_examples_per_second": reg_rate,
         "registration_all_in_seconds": r["seconds"], "registration_wall_seconds": wall,
         "draws_report": d,
         "served_head": {"head": r["head"], "fit_examples": r["fit_examples"],
@@ -178,9 +230,10 @@ def intent(args):
                         "temperature": r["temperature"]},
         "head_fit_time": fit,
         "machine": common.machine(),
-        "command": "python scripts/bench/task_registration.py --only intent",
+        "command": command,
     }
     (out / "intent.json").write_text(json.dumps(results, indent=2) + "\n")
+    head_n = r["head"]["head_examples"]
     summary = f"""# Intent heads: MMLU subjects
 
 decisio on the fixture model (SmolLM2-135M-Instruct, MLX CPU build), one
@@ -191,31 +244,49 @@ per subject held out ({r['holdout_examples']} holdout examples), the rest
 ({r['fit_examples']}) the fit split. Features: the final norm's output at the
 answer position (576 wide). Chance is 1/57 = 0.018.
 
+Each head's fit split is split again, per label and seeded: the head is
+fitted (C by 3-fold cross-validation, then the final fit) on about 80% of
+it, and its temperature on that head's logits of the other 20% (the served
+head: {head_n} examples for the head, {len(calibration)} for the temperature,
+listed in `intent-task.json` as `result.head.calibration_indices`; a draw
+of {args.shots} shots per label: {d['per_draw'][0]['fit_examples'] - d['per_draw'][0]['calibration_examples']} and {d['per_draw'][0]['calibration_examples']}).
+
 | | figure |
 |---|---|
 | **head over {args.draws} draws of {args.shots} shots per label: holdout accuracy** | **{d['accuracy_mean']:.4f} ± {d['accuracy_sd']:.4f}** (mean ± sd) |
 | **... holdout ECE (after each draw's temperature)** | **{d['ece_mean']:.4f} ± {d['ece_sd']:.4f}** |
-| served head (fit on the whole fit split, C = {r['head']['c']}): accuracy | {r['after']['accuracy']:.4f} |
+| served head (C = {r['head']['c']}): accuracy | {r['after']['accuracy']:.4f} |
 | served head: ECE before (T = 1) / after (T = {r['temperature']:.3f}) | {r['before']['ece']:.4f} / {r['after']['ece']:.4f} |
 | served head: NLL before / after | {r['before']['nll']:.4f} / {r['after']['nll']:.4f} |
-| plain forward (first 114 examples through /v1/decide) | {plain_rate:.2f} examples/s |
-| intent registration, scoring (all {len(examples)} examples) | {reg_rate:.2f} examples/s |
-| **registration / plain forward** | **{reg_rate / plain_rate:.3f}** (target at least 0.9) |
+| plain forward: /v1/decide naming an intent task with the same question (median of {args.pairs} blocks of {args.block} examples) | {tp['plain_forward_median']:.3f} examples/s |
+| intent registration scoring, the same blocks (median) | {tp['registration_scoring_median']:.3f} examples/s |
+| **registration / plain forward** | **{tp['ratio']:.3f}** (target at least 0.9) |
+| intent registration scoring, all {len(examples)} examples | {reg_rate:.3f} examples/s |
 | registration all in (scoring, served head, {args.draws} draw heads) | {r['seconds']:.1f} s |
-| head fit, 10,000 synthetic rows x 57 labels x 576 ({fit['fits']} L-BFGS fits: {len(fit['cross_validation'])} C x 3 folds + final) | {fit['fit_seconds']:.1f} s |
+| head fit, {args.fit_rows:,} synthetic rows x 57 labels x 576 ({fit['fits']} L-BFGS fits: {len(fit['cross_validation'])} C x 3 folds + final, on {fit['head_examples']} rows; T on {fit['calibration_examples']}) | {fit['fit_seconds']:.1f} s |
 | head applied to one hidden state | {fit['apply_microseconds_per_example']:.0f} µs |
 
-Per draw (seed, C, T, accuracy, ECE):
+Throughput blocks, in the order run (plain forward, then registration, of
+the same examples):
 
-| seed | C | T | accuracy | ECE |
+| block | examples | plain forward (ex/s) | registration scoring (ex/s) | ratio |
 |---|---|---|---|---|
-""" + "".join(f"| {p['seed']} | {p['c']} | {p['temperature']:.3f} | {p['accuracy']:.4f} | {p['ece']:.4f} |\n"
+""" + "".join(f"| {i} | {b['examples']} | {b['plain_forward_examples_per_second']:.3f} | "
+              f"{b['registration_scoring_examples_per_second']:.3f} | "
+              f"{b['registration_scoring_examples_per_second'] / b['plain_forward_examples_per_second']:.3f} |\n"
+              for i, b in enumerate(tp["blocks"])) + """
+Per draw (seed, fit examples of which calibration, C, T, accuracy, ECE):
+
+| seed | fit (calibration) | C | T | accuracy | ECE |
+|---|---|---|---|---|---|
+""" + "".join(f"| {p['seed']} | {p['fit_examples']} ({p['calibration_examples']}) | {p['c']} | "
+              f"{p['temperature']:.3f} | {p['accuracy']:.4f} | {p['ece']:.4f} |\n"
               for p in d["per_draw"]) + f"""
 `reliability.png`: the served head's holdout reliability diagram, before and
 after its temperature (drawn by `examples/task_figures.rs` with plotters).
 
 Machine: {results['machine']['platform']}, {results['machine']['cpus']} CPUs, shared with other
-work while it ran. Command: `python scripts/bench/task_registration.py --only intent`.
+work while it ran. Command: `{command}`.
 """
     (out / "intent.md").write_text(summary)
     if args.only == "intent":
@@ -232,6 +303,9 @@ def main():
     ap.add_argument("--draws", type=int, default=6)
     ap.add_argument("--holdout-per-label", type=int, default=4)
     ap.add_argument("--fit-per-label", type=int, default=20)
+    ap.add_argument("--pairs", type=int, default=4)
+    ap.add_argument("--block", type=int, default=48)
+    ap.add_argument("--fit-rows", type=int, default=10000)
     args = ap.parse_args()
     if args.only != "intent":
         choice(args)

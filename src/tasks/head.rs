@@ -1,15 +1,17 @@
 //! Intent heads: an L2-regularised multinomial logistic regression on the
 //! hidden state at the answer position, and a temperature on top.
 //!
-//! Features are standardised with the fit split's means and standard
-//! deviations. The regularisation is chosen by stratified k-fold
-//! cross-validation on the fit split over [`C_GRID`] (least out-of-fold
-//! NLL); the temperature is fitted on the out-of-fold logits at the chosen
-//! strength (the in-sample logits of the final fit are too sure of
-//! themselves to calibrate on); the final head is fitted on the whole fit
-//! split. The optimiser is `linfa-logistic` (argmin's L-BFGS on ndarray).
-//! Everything is deterministic: the folds and draws come from the seed, the
-//! optimiser has no randomness and runs a fixed iteration cap.
+//! The fit split is itself split, per label and seeded, into a head part
+//! (all but [`CALIBRATION_SHARE`] of it) and a calibration part (at least
+//! one example of every label that has two or more). Features are
+//! standardised with the head part's means and standard deviations; the
+//! regularisation is chosen by stratified k-fold cross-validation on the
+//! head part over [`C_GRID`] (least out-of-fold NLL); the served head is
+//! fitted on the whole head part; its temperature is fitted on that very
+//! head's logits of the calibration part, which it was not fitted on. The
+//! optimiser is `linfa-logistic` (argmin's L-BFGS on ndarray).
+//! Everything is deterministic: the parts, folds and draws come from the
+//! seed, the optimiser has no randomness and runs a fixed iteration cap.
 //! `docs/design/tasks.md` states every rule.
 
 use linfa::prelude::*;
@@ -26,6 +28,14 @@ pub const C_GRID: [f64; 5] = [1e-3, 1e-2, 1e-1, 1.0, 10.0];
 
 /// Folds of the cross-validation.
 pub const FOLDS: usize = 3;
+
+/// Share of each label's fit examples kept out of the head's fit to fit
+/// its temperature on.
+pub const CALIBRATION_SHARE: f64 = 0.2;
+
+/// A split seed's offset from the task's, so the calibration part is not
+/// the holdout's twin.
+const CALIBRATION_SEED: u64 = 0x6a09_e667_f3bc_c908;
 
 /// L-BFGS iterations per fit, at most.
 pub const MAX_ITERATIONS: u64 = 100;
@@ -90,7 +100,15 @@ pub struct HeadReport {
     pub c: f64,
     pub folds: usize,
     pub cross_validation: Vec<CvPoint>,
-    /// Seconds of fitting (cross-validation, temperature, final fit).
+    /// Examples the head was fitted on (its cross-validation included).
+    #[serde(default)]
+    pub head_examples: usize,
+    /// The examples its temperature was fitted on, ascending: indices of
+    /// the task's examples (of the rows passed to [`fit`] until the task
+    /// maps them).
+    #[serde(default)]
+    pub calibration_indices: Vec<usize>,
+    /// Seconds of fitting (cross-validation, final fit, temperature).
     pub fit_seconds: f64,
 }
 
@@ -99,6 +117,9 @@ pub struct HeadReport {
 pub struct Draw {
     pub seed: u64,
     pub fit_examples: usize,
+    /// Of those, the examples the draw's temperature was fitted on.
+    #[serde(default)]
+    pub calibration_examples: usize,
     pub c: f64,
     pub temperature: f64,
     /// Holdout accuracy and ECE at the draw's fitted temperature.
@@ -266,8 +287,29 @@ pub struct Fitted {
     pub report: HeadReport,
 }
 
+/// The calibration part of the rows labelled `y`: per label, a seeded
+/// shuffle, `round(CALIBRATION_SHARE * n_label)` of them (at least 1, and
+/// at most `n_label - 1`, so a label with one example keeps it for the
+/// head). Sorted positions in `y`.
+pub fn calibration_part(y: &[usize], n_labels: usize, seed: u64) -> Vec<usize> {
+    let mut rng = SplitMix::new(seed ^ CALIBRATION_SEED);
+    let mut out = Vec::new();
+    for l in 0..n_labels {
+        let mut idx: Vec<usize> = (0..y.len()).filter(|&i| y[i] == l).collect();
+        if idx.len() < 2 {
+            continue;
+        }
+        rng.shuffle(&mut idx);
+        let k = ((CALIBRATION_SHARE * idx.len() as f64).round() as usize).clamp(1, idx.len() - 1);
+        out.extend_from_slice(&idx[..k]);
+    }
+    out.sort_unstable();
+    out
+}
+
 /// Fits a head on feature rows `x` with labels `y` (every label in
-/// `0..n_labels` should have an example).
+/// `0..n_labels` should have an example): the head on the head part, its
+/// temperature on the calibration part ([`calibration_part`]).
 pub fn fit(
     x: &[&[f32]],
     y: &[usize],
@@ -275,61 +317,88 @@ pub fn fit(
     layer: Option<usize>,
     seed: u64,
 ) -> Result<Fitted, String> {
+    fit_over(x, y, n_labels, layer, seed, &C_GRID)
+}
+
+/// [`fit`] with the strengths `grid` to choose from.
+fn fit_over(
+    x: &[&[f32]],
+    y: &[usize],
+    n_labels: usize,
+    layer: Option<usize>,
+    seed: u64,
+    grid: &[f64],
+) -> Result<Fitted, String> {
     let started = std::time::Instant::now();
     let dim = x.first().map_or(0, |r| r.len());
     if dim == 0 || x.iter().any(|r| r.len() != dim) {
         return Err("the examples' hidden states are empty or of different widths".into());
     }
-    let (mean, scale) = standardisation(x, dim);
-    let xs = matrix(x, &mean, &scale);
-    let k = FOLDS.min(y.len()).max(2);
-    let fold = folds(y, n_labels, k, seed);
-    let mut cv = Vec::with_capacity(C_GRID.len());
-    let mut best: Option<(f64, f64, Vec<Vec<f32>>)> = None;
-    for &c in &C_GRID {
-        let mut oof = vec![Vec::new(); y.len()];
+    let calibration = calibration_part(y, n_labels, seed);
+    let head_part: Vec<usize> = (0..y.len())
+        .filter(|i| calibration.binary_search(i).is_err())
+        .collect();
+    let hx: Vec<&[f32]> = head_part.iter().map(|&i| x[i]).collect();
+    let hy: Vec<usize> = head_part.iter().map(|&i| y[i]).collect();
+    let (mean, scale) = standardisation(&hx, dim);
+    let xs = matrix(&hx, &mean, &scale);
+    let k = FOLDS.min(hy.len()).max(2);
+    let fold = folds(&hy, n_labels, k, seed);
+    let mut cv = Vec::with_capacity(grid.len());
+    let mut best: Option<(f64, f64)> = None;
+    for &c in grid {
+        let mut oof = vec![Vec::new(); hy.len()];
         for f in 0..k {
-            let train: Vec<usize> = (0..y.len()).filter(|&i| fold[i] != f).collect();
-            let test: Vec<usize> = (0..y.len()).filter(|&i| fold[i] == f).collect();
+            let train: Vec<usize> = (0..hy.len()).filter(|&i| fold[i] != f).collect();
+            let test: Vec<usize> = (0..hy.len()).filter(|&i| fold[i] == f).collect();
             if test.is_empty() || train.is_empty() {
                 continue;
             }
             let xt = xs.select(ndarray::Axis(0), &train);
-            let yt: Vec<usize> = train.iter().map(|&i| y[i]).collect();
+            let yt: Vec<usize> = train.iter().map(|&i| hy[i]).collect();
             let (w, b) = fit_weights(&xt, &yt, n_labels, c)?;
             let xh = xs.select(ndarray::Axis(0), &test);
             for (i, z) in test.iter().zip(logits_of(&xh, &w, &b)) {
                 oof[*i] = z;
             }
         }
-        let nll = calibrate::nll(&oof, y, 1.0);
+        let nll = calibrate::nll(&oof, &hy, 1.0);
         cv.push(CvPoint { c, nll });
         // Strictly better only: among equals the stronger regularisation.
-        if best.as_ref().is_none_or(|b| nll < b.1) {
-            best = Some((c, nll, oof));
+        if best.is_none_or(|b| nll < b.1) {
+            best = Some((c, nll));
         }
     }
-    let (c, _, oof) = best.ok_or("no regularisation strength to try")?;
-    let temperature = calibrate::fit_temperature(&oof, y);
-    let (weights, bias) = fit_weights(&xs, y, n_labels, c)?;
+    let (c, _) = best.ok_or("no regularisation strength to try")?;
+    let (weights, bias) = fit_weights(&xs, &hy, n_labels, c)?;
+    let mut head = Head {
+        layer,
+        dim,
+        labels: n_labels,
+        mean,
+        scale,
+        weights,
+        bias,
+        temperature: 1.0,
+        c,
+    };
+    // The served head's own logits on rows it was not fitted on; no
+    // calibration part (every label with one example): T = 1.
+    if !calibration.is_empty() {
+        let cx: Vec<&[f32]> = calibration.iter().map(|&i| x[i]).collect();
+        let cy: Vec<usize> = calibration.iter().map(|&i| y[i]).collect();
+        head.temperature = calibrate::fit_temperature(&logits(&head, &cx), &cy);
+    }
     Ok(Fitted {
-        head: Head {
-            layer,
-            dim,
-            labels: n_labels,
-            mean,
-            scale,
-            weights,
-            bias,
-            temperature,
-            c,
-        },
+        head,
         report: HeadReport {
             layer: layer.map_or(-1, |l| l as i64),
             dim,
             c,
             folds: k,
             cross_validation: cv,
+            head_examples: head_part.len(),
+            calibration_indices: calibration,
             fit_seconds: started.elapsed().as_secs_f64(),
         },
     })
@@ -391,6 +460,7 @@ pub fn draws(
         per_draw.push(Draw {
             seed: s,
             fit_examples: picked.len(),
+            calibration_examples: fitted.report.calibration_indices.len(),
             c: fitted.head.c,
             temperature: fitted.head.temperature,
             accuracy: after.accuracy,
@@ -459,8 +529,63 @@ mod tests {
         let d = draws(&rows, &y, 4, &fit_idx, &held_idx, 3, 5, None, 0).unwrap();
         assert_eq!(d.per_draw.len(), 3);
         assert!(d.per_draw.iter().all(|p| p.fit_examples == 20));
+        // One of each label's 5 shots calibrates the draw's temperature.
+        assert!(d.per_draw.iter().all(|p| p.calibration_examples == 4));
         assert!(d.accuracy_mean > 0.5, "{}", d.accuracy_mean);
         assert_ne!(d.per_draw[0].seed, d.per_draw[1].seed);
+    }
+
+    #[test]
+    fn the_calibration_part_is_stratified_seeded_and_leaves_the_head_every_label() {
+        // Labels with 10, 5, 2 and 1 examples.
+        let y: Vec<usize> = [0; 10]
+            .into_iter()
+            .chain([1; 5])
+            .chain([2; 2])
+            .chain([3])
+            .collect();
+        let cal = calibration_part(&y, 4, 3);
+        let count = |l: usize| cal.iter().filter(|&&i| y[i] == l).count();
+        assert_eq!((count(0), count(1), count(2), count(3)), (2, 1, 1, 0));
+        assert!(cal.windows(2).all(|w| w[0] < w[1]));
+        assert_eq!(cal, calibration_part(&y, 4, 3));
+        assert!((0..6).any(|s| calibration_part(&y, 4, s) != cal));
+    }
+
+    #[test]
+    fn the_temperature_of_an_overconfident_head_is_above_one_and_calibrates() {
+        // Noisy labels (a third of them drawn at random) on clusters in 64
+        // dimensions, 16 examples per label: weakly regularised, the head
+        // fits the noise and is far too sure of new rows.
+        let (n_labels, dim) = (4, 64);
+        let (x, mut y) = clusters(40, n_labels, dim, 5);
+        let mut rng = SplitMix::new(9);
+        for l in y.iter_mut() {
+            if rng.below(3) == 0 {
+                *l = rng.below(n_labels as u64) as usize;
+            }
+        }
+        let rows: Vec<&[f32]> = x.iter().map(|r| r.as_slice()).collect();
+        let (fit_idx, held_idx) = stratified_split(&y, n_labels, 0.5, 1);
+        let fx: Vec<&[f32]> = fit_idx.iter().map(|&i| rows[i]).collect();
+        let fy: Vec<usize> = fit_idx.iter().map(|&i| y[i]).collect();
+        let a = fit_over(&fx, &fy, n_labels, None, 2, &[100.0]).unwrap();
+        let report = &a.report;
+        assert_eq!(
+            report.head_examples + report.calibration_indices.len(),
+            fit_idx.len()
+        );
+        assert!(report.calibration_indices.len() >= n_labels);
+        let t = a.head.temperature;
+        assert!(t > 1.0, "an overconfident head needs T above 1; got {t}");
+        let hx: Vec<&[f32]> = held_idx.iter().map(|&i| rows[i]).collect();
+        let hy: Vec<usize> = held_idx.iter().map(|&i| y[i]).collect();
+        let (before, after) = figures(&a.head, &hx, &hy);
+        assert!(after.ece <= before.ece, "{} vs {}", after.ece, before.ece);
+        assert!(after.nll < before.nll, "{} vs {}", after.nll, before.nll);
+        // Deterministic.
+        let b = fit_over(&fx, &fy, n_labels, None, 2, &[100.0]).unwrap();
+        assert_eq!(a.head, b.head);
     }
 
     #[test]

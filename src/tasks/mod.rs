@@ -597,7 +597,7 @@ impl TaskRegistry {
         let record = self.get(id).map_err(|e| e.to_string())?;
         let spec = record.spec.clone();
         let examples = self.store.load_examples(id)?;
-        let mut logits = self.store.load_checkpoint(id)?;
+        let (mut logits, mut sealed) = self.store.load_checkpoint(id)?;
         // A choice task's rows are its letters' logits; an intent task's,
         // hidden states of one width.
         let width = match spec.kind {
@@ -606,6 +606,7 @@ impl TaskRegistry {
         };
         if logits.len() > examples.len() || logits.iter().any(|l| Some(l.len()) != width) {
             logits.clear();
+            sealed = 0;
         }
         let resumed = logits.len();
         let started = Instant::now();
@@ -654,7 +655,7 @@ impl TaskRegistry {
             // progress is kept in memory after every example.
             if last_save.elapsed() >= CHECKPOINT_EVERY || done == examples.len() {
                 last_save = Instant::now();
-                self.store.save_checkpoint(id, &logits)?;
+                self.store.save_checkpoint(id, &logits, &mut sealed)?;
                 self.update(id, progress)?;
             } else {
                 let mut tasks = self.lock();
@@ -810,9 +811,10 @@ fn intent_probe(question: &Question) -> Question {
 }
 
 /// Fits an intent task on its examples' hidden states: the seeded
-/// stratified split, the head on the fit split (cross-validated strength,
-/// temperature on the out-of-fold logits), the figures and the threshold
-/// on the holdout, and the draws when asked for.
+/// stratified split, the head on the fit split (cross-validated strength
+/// and the head on its head part, the temperature on its calibration part),
+/// the figures and the threshold on the holdout, and the draws when asked
+/// for.
 pub fn fit_intent(
     spec: &TaskSpec,
     features: &[Vec<f32>],
@@ -825,7 +827,11 @@ pub fn fit_intent(
     let fy: Vec<usize> = fit_idx.iter().map(|&i| labels[i]).collect();
     let hx: Vec<&[f32]> = held_idx.iter().map(|&i| rows[i]).collect();
     let hy: Vec<usize> = held_idx.iter().map(|&i| labels[i]).collect();
-    let fitted = head::fit(&fx, &fy, n_labels, spec.head_layer, spec.seed)?;
+    let mut fitted = head::fit(&fx, &fy, n_labels, spec.head_layer, spec.seed)?;
+    // The temperature's examples, as indices of the task's examples.
+    for i in fitted.report.calibration_indices.iter_mut() {
+        *i = fit_idx[*i];
+    }
     let (before, after) = head::figures(&fitted.head, &hx, &hy);
     let held_logits = head::logits(&fitted.head, &hx);
     let pairs = calibrate::confidences(&held_logits, &hy, fitted.head.temperature);

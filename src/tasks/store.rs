@@ -22,12 +22,32 @@ pub struct HeadFile {
     pub head: Head,
 }
 
-/// The checkpoint of a registration: the letter logits of its first
-/// `logits.len()` examples, in example order.
+/// Rows of one sealed checkpoint segment.
+pub const SEGMENT_ROWS: usize = 32;
+
+/// The checkpoint of a registration: the letter logits (an intent task:
+/// the hidden states) of its first `sealed * SEGMENT_ROWS + logits.len()`
+/// examples, in example order. The first `sealed` runs of
+/// [`SEGMENT_ROWS`] rows are in segment files of their own, each written
+/// once; `logits` holds the rows after them. A save writes the segments
+/// sealed since the last one and this file, so its cost does not grow with
+/// the rows already kept.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Checkpoint {
     pub format_version: u32,
     pub id: String,
+    #[serde(default)]
+    pub sealed: usize,
+    pub logits: Vec<Vec<f32>>,
+}
+
+/// One sealed run of [`SEGMENT_ROWS`] checkpoint rows.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Segment {
+    pub format_version: u32,
+    pub id: String,
+    /// The segment's place: rows `index * SEGMENT_ROWS ..`.
+    pub index: usize,
     pub logits: Vec<Vec<f32>>,
 }
 
@@ -157,6 +177,10 @@ impl Store {
         self.dir.join(format!("{id}.scores.json"))
     }
 
+    fn segment_path(&self, id: &str, index: usize) -> PathBuf {
+        self.dir.join(format!("{id}.scores.{index:05}.json"))
+    }
+
     fn examples_path(&self, id: &str) -> PathBuf {
         self.dir.join(format!("{id}.examples.json"))
     }
@@ -202,7 +226,7 @@ impl Store {
         let mut out = Vec::new();
         for path in self.files()? {
             let name = path.file_name().unwrap_or_default().to_string_lossy();
-            let side = name.ends_with(".scores.json")
+            let side = name.contains(".scores.")
                 || name.ends_with(".examples.json")
                 || name.ends_with(".head.json");
             if name.ends_with(".json") && !side && !name.starts_with('.') {
@@ -218,29 +242,85 @@ impl Store {
         write_atomic(&path, &bytes).map_err(|e| format!("cannot write {}: {e}", path.display()))
     }
 
-    pub fn save_checkpoint(&self, id: &str, logits: &[Vec<f32>]) -> Result<(), String> {
+    /// Saves the checkpoint of `logits`, the rows scored so far. `sealed`
+    /// is the number of segments already on disk for these rows (0 after a
+    /// checkpoint was dropped; the count [`Store::load_checkpoint`] returns
+    /// on resuming); the segments sealed since are written first, then the
+    /// checkpoint naming them, so a crash leaves a checkpoint whose
+    /// segments are all whole.
+    pub fn save_checkpoint(
+        &self,
+        id: &str,
+        logits: &[Vec<f32>],
+        sealed: &mut usize,
+    ) -> Result<(), String> {
+        let full = logits.len() / SEGMENT_ROWS;
+        for index in (*sealed).min(full)..full {
+            let s = Segment {
+                format_version: FORMAT_VERSION,
+                id: id.to_string(),
+                index,
+                logits: logits[index * SEGMENT_ROWS..(index + 1) * SEGMENT_ROWS].to_vec(),
+            };
+            let bytes = serde_json::to_vec(&s).map_err(|e| e.to_string())?;
+            let path = self.segment_path(id, index);
+            write_atomic(&path, &bytes)
+                .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        }
+        *sealed = full;
         let c = Checkpoint {
             format_version: FORMAT_VERSION,
             id: id.to_string(),
-            logits: logits.to_vec(),
+            sealed: full,
+            logits: logits[full * SEGMENT_ROWS..].to_vec(),
         };
         let bytes = serde_json::to_vec(&c).map_err(|e| e.to_string())?;
         let path = self.checkpoint_path(id);
         write_atomic(&path, &bytes).map_err(|e| format!("cannot write {}: {e}", path.display()))
     }
 
-    /// The logits scored before an interruption (none when no checkpoint).
-    pub fn load_checkpoint(&self, id: &str) -> Result<Vec<Vec<f32>>, String> {
+    /// The logits scored before an interruption and the number of
+    /// segments they fill on disk (none when no checkpoint, or when a
+    /// segment it names is missing or out of place).
+    pub fn load_checkpoint(&self, id: &str) -> Result<(Vec<Vec<f32>>, usize), String> {
         let path = self.checkpoint_path(id);
         if !path.exists() {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), 0));
         }
         let c: Checkpoint = read_json(&path)?;
-        Ok(c.logits)
+        let mut rows = Vec::with_capacity(c.sealed * SEGMENT_ROWS + c.logits.len());
+        for index in 0..c.sealed {
+            let s: Segment = match read_json(&self.segment_path(id, index)) {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!("task {id}: checkpoint dropped: {e}");
+                    return Ok((Vec::new(), 0));
+                }
+            };
+            if s.index != index || s.logits.len() != SEGMENT_ROWS {
+                tracing::warn!("task {id}: checkpoint dropped: segment {index} is out of place");
+                return Ok((Vec::new(), 0));
+            }
+            rows.extend(s.logits);
+        }
+        rows.extend(c.logits);
+        Ok((rows, c.sealed))
     }
 
+    /// Removes the checkpoint: its file first (a crash meanwhile leaves
+    /// segments no checkpoint names, overwritten by the next run), then
+    /// its segments.
     pub fn remove_checkpoint(&self, id: &str) {
         let _ = fs::remove_file(self.checkpoint_path(id));
+        let prefix = format!("{id}.scores.");
+        if let Ok(files) = self.files() {
+            for path in files {
+                let name = path.file_name().unwrap_or_default().to_string_lossy();
+                if name.starts_with(&prefix) && name.ends_with(".json") {
+                    let _ = fs::remove_file(&path);
+                }
+            }
+        }
     }
 
     /// Removes a task's files.
@@ -257,5 +337,64 @@ impl Store {
         File::open(&self.dir)
             .and_then(|d| d.sync_all())
             .map_err(|e| e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fresh(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!(
+            "decisio-store-{name}-{}-{}",
+            std::process::id(),
+            SEGMENT_ROWS
+        ));
+        let _ = fs::remove_dir_all(&dir);
+        dir
+    }
+
+    fn rows(n: usize) -> Vec<Vec<f32>> {
+        (0..n).map(|i| vec![i as f32, 0.5, -1.0]).collect()
+    }
+
+    #[test]
+    fn a_checkpoint_grows_by_segments_and_loads_whole() {
+        let root = fresh("segments");
+        let store = Store::open(&root).unwrap();
+        let id = "task-1";
+        let mut sealed = 0;
+        // Saved as a registration saves it: after each few rows.
+        for n in [3, SEGMENT_ROWS - 1, SEGMENT_ROWS, 2 * SEGMENT_ROWS + 5] {
+            store.save_checkpoint(id, &rows(n), &mut sealed).unwrap();
+            assert_eq!(sealed, n / SEGMENT_ROWS);
+            assert_eq!(store.load_checkpoint(id).unwrap(), (rows(n), sealed));
+        }
+        // Each sealed segment is its own whole JSON file, never rewritten.
+        let segment = store.segment_path(id, 0);
+        let before = fs::metadata(&segment).unwrap().modified().unwrap();
+        store
+            .save_checkpoint(id, &rows(2 * SEGMENT_ROWS + 9), &mut sealed)
+            .unwrap();
+        assert_eq!(fs::metadata(&segment).unwrap().modified().unwrap(), before);
+        // A checkpoint naming a missing segment is dropped whole.
+        fs::remove_file(store.segment_path(id, 1)).unwrap();
+        assert_eq!(store.load_checkpoint(id).unwrap(), (Vec::new(), 0));
+        // After a dropped checkpoint the segments are written again.
+        let mut sealed = 0;
+        store
+            .save_checkpoint(id, &rows(2 * SEGMENT_ROWS), &mut sealed)
+            .unwrap();
+        assert_eq!(
+            store.load_checkpoint(id).unwrap(),
+            (rows(2 * SEGMENT_ROWS), 2)
+        );
+        // The files are task side files, not records.
+        assert!(store.load().unwrap().is_empty());
+        store.remove_checkpoint(id);
+        assert_eq!(store.files().unwrap().len(), 0);
+        assert_eq!(store.load_checkpoint(id).unwrap(), (Vec::new(), 0));
+        drop(store);
+        let _ = fs::remove_dir_all(&root);
     }
 }
