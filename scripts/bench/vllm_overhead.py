@@ -11,7 +11,7 @@ Two forms:
         Servers already started by hand (the 2026-11-30 record).
 
     vllm_overhead.py replay DECISIO_BINARY MODEL_DIR N OUT_DIR
-                     [--clients 64] [--seconds 10] [--decide N]
+                     [--clients 64] [--seconds 10] [--decide N] [--rounds R]
         Starts the replay upstream (`vllm_replay.py`: vLLM's answer shapes,
         constant near-zero latency, nothing real) and a gateway in front of
         it, then measures (1) N interleaved completions direct vs through
@@ -19,7 +19,8 @@ Two forms:
         question through the gateway (render, tokenize, one upstream call,
         letters read), each against the replayed completion it makes, and
         (3) throughput at `--clients` concurrent kept-alive clients for
-        `--seconds` per path. Writes OUT_DIR/overhead.json.
+        `--seconds` per path; all of it `--rounds` times, with the median
+        of each figure over the rounds. Writes OUT_DIR/overhead.json.
 """
 
 import argparse
@@ -168,6 +169,51 @@ def drive(port, clients, seconds, body, path="/v1/completions"):
                            if k in ("p50", "p90", "p99", "max", "mean")}}
 
 
+DECIDE = {"state": "You are sorting support tickets for a bicycle shop. "
+                   "The ticket: my rear brake squeaks when it rains.",
+          "questions": [{"text": "Which team handles this ticket?",
+                         "options": ["Repairs", "Sales", "Billing", "Shipping"]}]}
+
+
+def measure(a, up, gw):
+    """One round of (1), (2) and (3)."""
+    out = {}
+    # (1) The same completion, direct and through the gateway.
+    body = json.dumps(BODY)
+    direct, through = interleaved(up, gw, body, body, a.n, a.warm)
+    out["completion"] = {"requests_per_path": a.n, "warm_up_per_path": a.warm,
+                         "direct_ms": stats(direct), "gateway_ms": stats(through),
+                         "overhead_ms": diff(stats(direct), stats(through))}
+
+    # (2) /v1/decide of one state and one question through the gateway,
+    # against the one completion it sends upstream, replayed direct: the
+    # rendered prompt's length in tokens, the four letters named.
+    c = http.client.HTTPConnection("127.0.0.1", gw)
+    c.request("POST", "/v1/decide", json.dumps(DECIDE), {"Content-Type": "application/json"})
+    r = c.getresponse()
+    answer = json.loads(r.read())
+    assert r.status == 200, answer
+    prompt_tokens = answer["usage"]["prompt_tokens"]
+    body_up = json.dumps({"model": "smollm2", "prompt": [1] * prompt_tokens,
+                          "max_tokens": 1, "temperature": 0.0, "logprobs": 1,
+                          "logprob_token_ids": [49, 50, 51, 52],
+                          "return_tokens_as_token_ids": True})
+    nd = a.decide if a.decide is not None else a.n
+    if nd:
+        direct, through = interleaved(up, gw, body_up, json.dumps(DECIDE), nd, a.warm,
+                                      "/v1/decide")
+        out["decide"] = {"requests_per_path": nd, "prompt_tokens": prompt_tokens,
+                         "direct_ms": stats(direct), "gateway_ms": stats(through),
+                         "overhead_ms": diff(stats(direct), stats(through))}
+
+    # (3) Throughput at `clients` concurrent clients, each path in turn.
+    if a.clients and a.seconds:
+        out["throughput"] = {"clients": a.clients, "seconds_per_path": a.seconds,
+                             "direct": drive(up, a.clients, a.seconds, body),
+                             "gateway": drive(gw, a.clients, a.seconds, body)}
+    return out
+
+
 def replay(argv):
     ap = argparse.ArgumentParser(prog="vllm_overhead.py replay")
     ap.add_argument("binary")
@@ -178,6 +224,7 @@ def replay(argv):
     ap.add_argument("--seconds", type=float, default=10)
     ap.add_argument("--decide", type=int, default=None, help="decide requests (default: n)")
     ap.add_argument("--warm", type=int, default=200)
+    ap.add_argument("--rounds", type=int, default=1, help="rounds of (1), (2) and (3)")
     a = ap.parse_args(argv)
     os.makedirs(a.out, exist_ok=True)
     up, gw = free_port(), free_port()
@@ -194,51 +241,26 @@ def replay(argv):
              "--max-queue", str(2 * a.clients), "--state-dir", os.path.join(scratch, "gw")],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_healthy(gw, gateway)
+        home = os.path.expanduser("~")
+        shown = [x.replace(home, "~", 1) if x.startswith(home) else x for x in argv]
         result = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                               "python": platform.python_version()},
-                  "command": "vllm_overhead.py replay " + " ".join(argv),
-                  "request": BODY}
-
-        # (1) The same completion, direct and through the gateway.
-        body = json.dumps(BODY)
-        direct, through = interleaved(up, gw, body, body, a.n, a.warm)
-        result["completion"] = {"requests_per_path": a.n, "warm_up_per_path": a.warm,
-                                "direct_ms": stats(direct), "gateway_ms": stats(through),
-                                "overhead_ms": diff(stats(direct), stats(through))}
-
-        # (2) /v1/decide of one state and one question through the gateway,
-        # against the one completion it sends upstream, replayed direct.
-        decide = {"state": "You are sorting support tickets for a bicycle shop. "
-                           "The ticket: my rear brake squeaks when it rains.",
-                  "questions": [{"text": "Which team handles this ticket?",
-                                 "options": ["Repairs", "Sales", "Billing", "Shipping"]}]}
-        c = http.client.HTTPConnection("127.0.0.1", gw)
-        c.request("POST", "/v1/decide", json.dumps(decide), {"Content-Type": "application/json"})
-        r = c.getresponse()
-        answer = json.loads(r.read())
-        assert r.status == 200, answer
-        prompt_tokens = answer.get("usage", {}).get("prompt_tokens")
-        # The completion the gateway sends for it: the rendered prompt's
-        # length in tokens, the four letters named.
-        body_up = json.dumps({"model": "smollm2", "prompt": [1] * (prompt_tokens or 64),
-                              "max_tokens": 1, "temperature": 0.0, "logprobs": 1,
-                              "logprob_token_ids": [49, 50, 51, 52],
-                              "return_tokens_as_token_ids": True})
-        nd = a.decide if a.decide is not None else a.n
-        if nd:
-            direct, through = interleaved(up, gw, body_up, json.dumps(decide), nd, a.warm,
-                                          "/v1/decide")
-            result["decide"] = {"requests_per_path": nd, "body": decide,
-                                "answer": {k: answer.get(k) for k in ("answers", "usage")},
-                                "direct_ms": stats(direct), "gateway_ms": stats(through),
-                                "overhead_ms": diff(stats(direct), stats(through))}
-
-        # (3) Throughput at `clients` concurrent clients, each path in turn.
-        if a.clients and a.seconds:
-            result["throughput"] = {
-                "clients": a.clients, "seconds_per_path": a.seconds,
-                "direct": drive(up, a.clients, a.seconds, body),
-                "gateway": drive(gw, a.clients, a.seconds, body)}
+                  "command": "python3 scripts/bench/vllm_overhead.py replay " + " ".join(shown),
+                  "request": BODY, "decide_body": DECIDE, "rounds": []}
+        for _ in range(a.rounds):
+            result["rounds"].append(measure(a, up, gw))
+        rounds = result["rounds"]
+        med = lambda f: round(statistics.median(f(r) for r in rounds), 3)
+        result["median_over_rounds"] = {
+            part: {"overhead_ms": {k: med(lambda r: r[part]["overhead_ms"][k])
+                                   for k in ("p50", "p90", "p99", "p99.9", "mean")},
+                   "direct_ms": {k: med(lambda r: r[part]["direct_ms"][k])
+                                 for k in ("p50", "p99", "p99.9")}}
+            for part in ("completion", "decide") if part in rounds[0]}
+        if "throughput" in rounds[0]:
+            result["median_over_rounds"]["throughput_rps"] = {
+                k: med(lambda r: r["throughput"][k]["requests_per_second"])
+                for k in ("direct", "gateway")}
     finally:
         if gateway is not None:
             gateway.kill()
