@@ -4,7 +4,8 @@
 //! and a full one, their head ratios, shared keys and values on full
 //! layers, the proportional rope) and of the features neither base enables
 //! (`gemma4_text_shared_kv`: per-layer inputs, KV-shared layers of both
-//! kinds, double-wide MLPs), made with their reference logits by
+//! kinds, double-wide MLPs) and of the mixture-of-experts block
+//! (`gemma4_text_moe`), made with their reference logits by
 //! `scripts/reference/tiny_models.py`. The sliding window is 64, so the
 //! prompts of up to 2,000 tokens and the continuations (up to 600 + 257
 //! tokens) run far beyond it.
@@ -61,6 +62,16 @@ fn gemma4_text_shared_kv_quantized_matches_mlx_lm() {
     all_quants("gemma4_text_shared_kv", MLX_OPS);
 }
 
+#[test]
+fn gemma4_text_moe_dequantized_matches_mlx_lm() {
+    all_quants("gemma4_text_moe", CPU);
+}
+
+#[test]
+fn gemma4_text_moe_quantized_matches_mlx_lm() {
+    all_quants("gemma4_text_moe", MLX_OPS);
+}
+
 /// Sliding-window caches, full-attention caches and KV-shared layers
 /// continue from a snapshot bit for bit, with the state beyond the window.
 #[test]
@@ -70,6 +81,7 @@ fn snapshot_continues_bit_for_bit() {
         ("gemma4_31b", "4bit", MLX_OPS),
         ("gemma4_12b", "bf16", CPU),
         ("gemma4_text_shared_kv", "6bit", CPU),
+        ("gemma4_text_moe", "4bit", MLX_OPS),
     ] {
         tiny::snapshot_continues_bit_for_bit(arch, quant, options);
     }

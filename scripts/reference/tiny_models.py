@@ -192,6 +192,22 @@ def tiny_gemma4_text_shared_kv(base):
     return t
 
 
+def tiny_gemma4_text_moe(base):
+    """Gemma 4's mixture-of-experts block (Gemma 4 26B-A4B enables it;
+    neither base does) on the 31B's layer pattern: beside each block's dense
+    MLP, a router picks 2 of 8 GELU-gated experts."""
+    t = gemma4_text_tiny(base["text_config"], 6, 8, 4, 1)
+    t.update(
+        model_type="gemma4_text",
+        enable_moe_block=True,
+        num_experts=8,
+        top_k_experts=2,
+        moe_intermediate_size=64,
+        tie_word_embeddings=True,
+    )
+    return t
+
+
 def init_gemma4(model):
     """Weights as a trained Gemma 4 has them where it matters for a
     comparison at 1e-3: attention is unscaled, so the query and key norms
@@ -206,7 +222,7 @@ def init_gemma4(model):
             return v * v.shape[-1] ** -0.25
         if path.endswith("model.norm.weight"):
             return v / 16
-        if path.endswith("layer_scalar"):
+        if path.endswith(("layer_scalar", "router.scale", "router.per_expert_scale")):
             return v + 0.2 * mx.random.normal(v.shape)
         return v
 
@@ -231,6 +247,7 @@ ARCHITECTURES = {
         tiny_gemma4_text_shared_kv,
         init_gemma4,
     ),
+    "gemma4_text_moe": ("gemma-4-31b-it-6bit.config.json", tiny_gemma4_text_moe, init_gemma4),
 }
 
 

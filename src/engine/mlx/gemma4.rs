@@ -17,9 +17,11 @@
 //! one; four norms per block, a learned scalar per block, optional
 //! per-layer inputs (a second embedding of the tokens mixed with a
 //! projection of the first, fed to each block), embeddings scaled by
-//! `sqrt(hidden_size)`, and final logits soft-capped. The
-//! mixture-of-experts block (`enable_moe_block`) is not implemented: such a
-//! config is refused at load.
+//! `sqrt(hidden_size)`, and final logits soft-capped. With
+//! `enable_moe_block` each block adds to its MLP a mixture-of-experts
+//! branch: a router over the block's input picks `top_k_experts` of
+//! `num_experts` GELU-gated experts ([`SwitchGlu`]), each branch normed
+//! before the two are summed.
 //!
 //! Weight names are mlx-lm's: `{P}.embed_tokens`, `{P}.layers.N.{self_attn.
 //! {q,k,v,o}_proj, self_attn.{q,k}_norm, mlp.{gate,up,down}_proj,
@@ -45,6 +47,7 @@ use serde_json::Value;
 use super::cache::{KvCache, LayerCache, ModelCache, WindowCache};
 use super::layers::{Embedding, Linear, RmsNorm};
 use super::loader::Weights;
+use super::switch::SwitchGlu;
 use super::{Architecture, LastHidden};
 use super::{MlxError, MlxResult};
 
@@ -130,6 +133,8 @@ pub struct Config {
     pub use_double_wide_mlp: bool,
     #[serde(default)]
     pub enable_moe_block: bool,
+    pub num_experts: Option<i32>,
+    pub top_k_experts: Option<i32>,
     pub layer_types: Option<Vec<String>>,
     #[serde(default = "d_true")]
     pub tie_word_embeddings: bool,
@@ -187,11 +192,15 @@ impl Config {
     fn validate(&self) -> MlxResult<()> {
         let bad = |m: String| Err(MlxError::Config(format!("Gemma 4 config.json: {m}")));
         if self.enable_moe_block {
-            return bad(
-                "enable_moe_block is set: the mixture-of-experts Gemma 4 block is not \
-                 supported by this backend (the dense 12B and 31B conversions are)"
-                    .into(),
-            );
+            match (self.num_experts, self.top_k_experts) {
+                (Some(e), Some(k)) if e > 0 && (1..=e).contains(&k) => {}
+                (e, k) => {
+                    return bad(format!(
+                        "enable_moe_block needs num_experts > 0 and top_k_experts between 1 \
+                         and num_experts (got {e:?} and {k:?})"
+                    ))
+                }
+            }
         }
         if self.num_hidden_layers == 0 || self.hidden_size <= 0 || self.num_attention_heads <= 0 {
             return bad(
@@ -624,9 +633,85 @@ struct PerLayerInput {
     post_per_layer_input_norm: RmsNorm,
 }
 
+/// The mixture-of-experts branch of a block (`enable_moe_block`), beside
+/// the dense MLP: a router over the block's input picks `top_k_experts` of
+/// `num_experts` GELU-gated experts, whose outputs it weighs by a softmax
+/// over their scores times a learned scale per expert.
+struct MoeBranch {
+    router_proj: Linear,
+    router_scale: Array,
+    per_expert_scale: Array,
+    experts: SwitchGlu,
+    top_k: i32,
+    eps: f32,
+    pre_feedforward_layernorm_2: RmsNorm,
+    post_feedforward_layernorm_1: RmsNorm,
+    post_feedforward_layernorm_2: RmsNorm,
+}
+
+impl MoeBranch {
+    fn load(w: &Weights, p: &str, c: &Config) -> MlxResult<Self> {
+        let norm = |n: &str| RmsNorm::load(w, &format!("{p}.{n}"), c.rms_norm_eps);
+        Ok(MoeBranch {
+            router_proj: Linear::load(w, &format!("{p}.router.proj"))?,
+            router_scale: w.take(&format!("{p}.router.scale"))?,
+            per_expert_scale: w.take(&format!("{p}.router.per_expert_scale"))?,
+            experts: SwitchGlu::load(w, &format!("{p}.experts.switch_glu"), geglu)?,
+            top_k: c.top_k_experts.unwrap_or(1),
+            eps: c.rms_norm_eps,
+            pre_feedforward_layernorm_2: norm("pre_feedforward_layernorm_2")?,
+            post_feedforward_layernorm_1: norm("post_feedforward_layernorm_1")?,
+            post_feedforward_layernorm_2: norm("post_feedforward_layernorm_2")?,
+        })
+    }
+
+    /// The experts chosen for each position of `h` and their weights.
+    fn route(&self, h: &Array) -> MlxResult<(Array, Array)> {
+        let width = h.shape()[h.ndim() - 1] as f32;
+        let scale = ops::multiply(
+            &self.router_scale,
+            &scalar(width.powf(-0.5), &self.router_scale)?,
+        )?;
+        let scores = self
+            .router_proj
+            .forward(&fast::rms_norm(h, Some(&scale), self.eps)?)?;
+        let e = scores.shape()[scores.ndim() - 1];
+        let k = self.top_k;
+        let part = ops::argpartition_axis(&scores, e - k, -1)?;
+        let last: Vec<i32> = (e - k..e).collect();
+        let inds = ops::indexing::take_axis(&part, Array::from_slice(&last, &[k]), -1)?;
+        let weights = ops::softmax_axis(
+            &ops::indexing::take_along_axis(&scores, &inds, -1)?,
+            -1,
+            false,
+        )?;
+        let per_expert = ops::indexing::take_axis(&self.per_expert_scale, &inds, 0)?;
+        Ok((inds, ops::multiply(&weights, &per_expert)?))
+    }
+
+    /// The branch's output for the block's input `h`, and the dense MLP's
+    /// output `dense` normed as this branch norms it.
+    fn forward(&self, h: &Array, dense: &Array) -> MlxResult<Array> {
+        let (inds, weights) = self.route(h)?;
+        let x = self.pre_feedforward_layernorm_2.forward(h)?;
+        let y = self.experts.forward(&x, &inds)?;
+        let y = ops::multiply(&weights.expand_dims(-1)?, &y)?.sum_axis(-2, false)?;
+        Ok(ops::add(
+            &self.post_feedforward_layernorm_1.forward(dense)?,
+            &self.post_feedforward_layernorm_2.forward(&y)?,
+        )?)
+    }
+}
+
+/// `gelu_approx(gate) * up`, the experts' activation.
+fn geglu(gate: &Array, up: &Array, _host_kernels: bool) -> MlxResult<Array> {
+    Ok(ops::multiply(&gelu_approx(gate)?, up)?)
+}
+
 struct DecoderLayer {
     self_attn: Attention,
     mlp: Mlp,
+    moe: Option<MoeBranch>,
     input_layernorm: RmsNorm,
     post_attention_layernorm: RmsNorm,
     pre_feedforward_layernorm: RmsNorm,
@@ -650,6 +735,11 @@ impl DecoderLayer {
         Ok(DecoderLayer {
             self_attn: Attention::load(w, &format!("{p}.self_attn"), c, kind, has_kv)?,
             mlp: Mlp::load(w, &format!("{p}.mlp"))?,
+            moe: if c.enable_moe_block {
+                Some(MoeBranch::load(w, p, c)?)
+            } else {
+                None
+            },
             input_layernorm: norm("input_layernorm")?,
             post_attention_layernorm: norm("post_attention_layernorm")?,
             pre_feedforward_layernorm: norm("pre_feedforward_layernorm")?,
@@ -670,9 +760,12 @@ impl DecoderLayer {
             self.self_attn
                 .forward(&self.input_layernorm.forward(x)?, offset, source)?;
         let h = ops::add(x, &self.post_attention_layernorm.forward(&attn)?)?;
-        let m = self
+        let mut m = self
             .mlp
             .forward(&self.pre_feedforward_layernorm.forward(&h)?)?;
+        if let Some(moe) = &self.moe {
+            m = moe.forward(&h, &m)?;
+        }
         let mut h = ops::add(&h, &self.post_feedforward_layernorm.forward(&m)?)?;
         if let (Some(p), Some(input)) = (&self.per_layer, per_layer_input) {
             let gate = gelu_approx(&p.per_layer_input_gate.forward(&h)?)?;
@@ -974,8 +1067,8 @@ mod tests {
     #[test]
     fn bad_configs_are_refused_with_reasons() {
         refused(
-            serde_json::json!({"enable_moe_block": true}),
-            "mixture-of-experts",
+            serde_json::json!({"enable_moe_block": true, "num_experts": 8}),
+            "top_k_experts",
         );
         refused(
             serde_json::json!({"layer_types": ["sliding_attention"]}),

@@ -24,6 +24,7 @@ pub mod llama;
 pub mod loader;
 pub mod qwen3_5;
 pub mod sample;
+pub mod switch;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

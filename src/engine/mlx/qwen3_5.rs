@@ -26,8 +26,9 @@ use serde_json::Value;
 
 use super::cache::{DeltaCache, KvCache, LayerCache, ModelCache};
 use super::host;
-use super::layers::{self, Embedding, Linear, RmsNorm};
-use super::loader::{Quant, Weights};
+use super::layers::{Embedding, Linear, RmsNorm};
+use super::loader::Weights;
+use super::switch::SwitchGlu;
 use super::{Architecture, LastHidden};
 use super::{MlxError, MlxResult};
 
@@ -557,103 +558,26 @@ fn swiglu(gate: &Array, up: &Array, host_kernels: bool) -> MlxResult<Array> {
     }
 }
 
-/// The experts' stacked matrices `[E, out, in]` of one projection.
-enum Experts {
-    /// Dense; multiplied expert by expert for the rows routed to it.
-    Dense(Array),
-    /// Quantized; multiplied by `gather_qmm`.
-    Quantized {
-        weight: Array,
-        scales: Array,
-        biases: Array,
-        quant: Quant,
-    },
-}
-
-impl Experts {
-    fn load(w: &Weights, name: &str) -> MlxResult<Self> {
-        match w.quant(name) {
-            Some(quant) if w.options.dequantize => {
-                Ok(Experts::Dense(layers::dequantized(w, name, quant)?))
-            }
-            Some(quant) => Ok(Experts::Quantized {
-                weight: w.take(&format!("{name}.weight"))?,
-                scales: w.take(&format!("{name}.scales"))?,
-                biases: w.take(&format!("{name}.biases"))?,
-                quant,
-            }),
-            None => Ok(Experts::Dense(w.take(&format!("{name}.weight"))?)),
-        }
-    }
-
-    /// `x` `[B, L, 1, 1, in]` through the experts `indices` `[B, L, k]`
-    /// → `[B, L, k, 1, out]`.
-    fn gather(&self, x: &Array, indices: &Array) -> MlxResult<Array> {
-        match self {
-            Experts::Quantized {
-                weight,
-                scales,
-                biases,
-                quant,
-            } => Ok(ops::gather_qmm(
-                x,
-                weight,
-                scales,
-                biases,
-                None,
-                indices,
-                true,
-                quant.group_size,
-                quant.bits,
-                false,
-            )?),
-            Experts::Dense(_) => Err(MlxError::Config(
-                "dense experts are multiplied by rows, not gathered".into(),
-            )),
-        }
-    }
-
-    /// `rows` `[n, in]` through expert `e` → `[n, out]`.
-    fn rows(&self, rows: &Array, e: i32) -> MlxResult<Array> {
-        match self {
-            Experts::Dense(w) => {
-                let we = ops::indexing::take_axis(w, Array::from_slice(&[e], &[1]), 0)?
-                    .squeeze_axes(&[0])?;
-                Ok(ops::matmul(rows, we.t())?.as_dtype(rows.dtype())?)
-            }
-            Experts::Quantized { .. } => Err(MlxError::Config(
-                "quantized experts are gathered, not multiplied by rows".into(),
-            )),
-        }
-    }
-}
-
 /// Top-k routing over `num_experts` SwiGLU experts, plus a shared expert
 /// scaled by its own sigmoid gate.
 struct SparseMoe {
     gate: Proj,
-    switch_gate: Experts,
-    switch_up: Experts,
-    switch_down: Experts,
+    switch_mlp: SwitchGlu,
     shared_expert: Mlp,
     shared_expert_gate: Proj,
     top_k: i32,
     norm_topk_prob: bool,
-    host_kernels: bool,
 }
 
 impl SparseMoe {
     fn load(w: &Weights, p: &str, c: &Config) -> MlxResult<Self> {
         Ok(SparseMoe {
             gate: Proj::load(w, &format!("{p}.gate"))?,
-            switch_gate: Experts::load(w, &format!("{p}.switch_mlp.gate_proj"))?,
-            switch_up: Experts::load(w, &format!("{p}.switch_mlp.up_proj"))?,
-            switch_down: Experts::load(w, &format!("{p}.switch_mlp.down_proj"))?,
+            switch_mlp: SwitchGlu::load(w, &format!("{p}.switch_mlp"), swiglu)?,
             shared_expert: Mlp::load(w, &format!("{p}.shared_expert"))?,
             shared_expert_gate: Proj::load(w, &format!("{p}.shared_expert_gate"))?,
             top_k: c.num_experts_per_tok,
             norm_topk_prob: c.norm_topk_prob,
-            host_kernels: w.options.host_kernels,
         })
     }
 
@@ -668,10 +592,7 @@ impl SparseMoe {
         if self.norm_topk_prob {
             scores = ops::divide(&scores, &scores.sum_axis(-1, true)?)?;
         }
-        let y = match &self.switch_gate {
-            Experts::Quantized { .. } => self.gathered(x, &inds)?,
-            Experts::Dense(_) => self.by_expert(x, &inds)?,
-        };
+        let y = self.switch_mlp.forward(x, &inds)?;
         let y = ops::multiply(&y, &scores.expand_dims(-1)?)?.sum_axis(-2, false)?;
         let shared = self.shared_expert.forward(x)?;
         let shared = ops::multiply(
@@ -679,59 +600,6 @@ impl SparseMoe {
             &shared,
         )?;
         Ok(ops::add(&y, &shared)?)
-    }
-
-    /// `[B, L, k, D]` by `gather_qmm`, as mlx-lm runs quantized experts.
-    fn gathered(&self, x: &Array, inds: &Array) -> MlxResult<Array> {
-        let xe = x.expand_dims_axes(&[-2, -3])?;
-        let up = self.switch_up.gather(&xe, inds)?;
-        let gate = self.switch_gate.gather(&xe, inds)?;
-        let h = swiglu(&gate, &up, self.host_kernels)?;
-        Ok(self.switch_down.gather(&h, inds)?.squeeze_axes(&[-2])?)
-    }
-
-    /// `[B, L, k, D]` with dense experts: the routing is read on the host,
-    /// the rows routed to each expert are multiplied by its matrices, and
-    /// the products are put back in (token, slot) order.
-    fn by_expert(&self, x: &Array, inds: &Array) -> MlxResult<Array> {
-        let sh = x.shape();
-        let d = sh[sh.len() - 1];
-        let k = self.top_k as usize;
-        let flat = ops::reshape(x, &[-1, d])?;
-        let idx = inds.as_dtype(Dtype::Int32)?.contiguous()?;
-        idx.eval()?;
-        let routes = idx.as_slice::<i32>();
-        // Pairs (expert, token * k + slot), grouped by expert.
-        let mut order: Vec<(i32, usize)> = routes.iter().copied().zip(0..).collect();
-        order.sort_unstable();
-        let mut outputs = Vec::new();
-        let mut placed = vec![0i32; order.len()];
-        let mut start = 0;
-        while start < order.len() {
-            let e = order[start].0;
-            let end = start + order[start..].iter().take_while(|p| p.0 == e).count();
-            let tokens: Vec<i32> = order[start..end].iter().map(|p| (p.1 / k) as i32).collect();
-            let rows = ops::indexing::take_axis(
-                &flat,
-                Array::from_slice(&tokens, &[tokens.len() as i32]),
-                0,
-            )?;
-            let gate = self.switch_gate.rows(&rows, e)?;
-            let up = self.switch_up.rows(&rows, e)?;
-            let h = swiglu(&gate, &up, self.host_kernels)?;
-            outputs.push(self.switch_down.rows(&h, e)?);
-            for (i, p) in order[start..end].iter().enumerate() {
-                placed[p.1] = (start + i) as i32;
-            }
-            start = end;
-        }
-        let refs: Vec<&Array> = outputs.iter().collect();
-        let all = ops::concatenate(&refs, 0)?;
-        let y =
-            ops::indexing::take_axis(&all, Array::from_slice(&placed, &[placed.len() as i32]), 0)?;
-        let mut shape = sh[..sh.len() - 1].to_vec();
-        shape.extend([k as i32, d]);
-        Ok(ops::reshape(&y, &shape)?)
     }
 }
 
