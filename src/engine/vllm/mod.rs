@@ -17,6 +17,12 @@
 //!   by the letter and reads that token's log-probability.
 //!
 //! A letter that no method returned is an error, never a silent zero.
+//!
+//! Packed questions (`multi_question: "packed"`) are one greedy completion
+//! of a prompt holding every question, generating an answer sheet of one
+//! line per question, `N: LETTER`; each answer's letters are read at its
+//! position of that generation, or, where the sheet broke its format, by a
+//! teacher-forced completion ([`locate_answers`], `docs/design/vllm.md`).
 //! Every call has a timeout; routing, retries and health checks live in
 //! [`pool`]; the wire types in [`protocol`].
 //!
