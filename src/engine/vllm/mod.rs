@@ -22,7 +22,7 @@
 //! of a prompt holding every question, generating an answer sheet of one
 //! line per question, `N: LETTER`; each answer's letters are read at its
 //! position of that generation, or, where the sheet broke its format, by a
-//! teacher-forced completion ([`locate_answers`], `docs/design/vllm.md`).
+//! teacher-forced completion (`docs/design/vllm.md`).
 //! Every call has a timeout; routing, retries and health checks live in
 //! [`pool`]; the wire types in [`protocol`].
 //!
