@@ -44,6 +44,10 @@ pub struct Metrics {
     pub upstream_ejected: IntGaugeVec,
     /// Requests sent again to another upstream after a failure.
     pub upstream_retries: IntCounter,
+    /// Answers of packed questions, by where their letters were read
+    /// (`generated`: at their position in the answer sheet; `fallback`:
+    /// from a teacher-forced prompt, the sheet having broken its format).
+    pub packed_answers: IntCounterVec,
     /// Examples scored by task registrations.
     pub task_registration_examples: IntCounter,
     /// Registrations finished, by outcome (`ready`, `failed`, `cancelled`).
@@ -158,6 +162,15 @@ impl Metrics {
                 "decisio_upstream_retries_total",
                 "Requests sent again to another upstream server after a failure.",
             ),
+            packed_answers: IntCounterVec::new(
+                Opts::new(
+                    "decisio_packed_answers_total",
+                    "Answers of packed questions, by where their letters were read \
+                     (generated, fallback).",
+                ),
+                &["read"],
+            )
+            .expect("metric"),
             task_registration_examples: counter(
                 "decisio_task_registration_examples_total",
                 "Examples scored by task registrations.",
@@ -189,6 +202,9 @@ impl Metrics {
         for outcome in ["ready", "failed", "cancelled"] {
             m.task_registrations.with_label_values(&[outcome]);
         }
+        for read in ["generated", "fallback"] {
+            m.packed_answers.with_label_values(&[read]);
+        }
         m.register();
         m
     }
@@ -213,6 +229,7 @@ impl Metrics {
             Box::new(self.upstream_in_flight.clone()),
             Box::new(self.upstream_ejected.clone()),
             Box::new(self.upstream_retries.clone()),
+            Box::new(self.packed_answers.clone()),
             Box::new(self.task_registration_examples.clone()),
             Box::new(self.task_registrations.clone()),
             Box::new(self.task_registration_tasks.clone()),

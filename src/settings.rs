@@ -46,6 +46,9 @@ pub struct Limits {
     /// Most tokens of all inputs of one `POST /v1/embeddings` together
     /// (each input is also at most the context length).
     pub max_embedding_tokens: usize,
+    /// Most questions of one `multi_question: "packed"` request (all of
+    /// them share one prompt and one generation).
+    pub max_packed_questions: usize,
 }
 
 impl Default for Limits {
@@ -70,6 +73,7 @@ impl Default for Limits {
             max_task_label_bytes: 256,
             max_embedding_inputs: 256,
             max_embedding_tokens: 65_536,
+            max_packed_questions: 64,
         }
     }
 }

@@ -32,6 +32,7 @@ const METRICS: &[(&str, &str)] = &[
     ("decisio_task_registration_finished_total", "counter"),
     ("decisio_task_registration_tasks", "gauge"),
     ("decisio_task_registration_examples_per_second", "gauge"),
+    ("decisio_packed_answers_total", "counter"),
 ];
 
 /// How long Prometheus may take to start and to have scraped the figures.

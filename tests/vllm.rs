@@ -183,7 +183,7 @@ fn block_padding_and_sequential_mode_give_the_same_answers_on_both_backends() {
     {
         assert!(compare(a, b) <= PARITY_TOLERANCE);
     }
-    // Each mode is served; packed is refused with the backend's name.
+    // Each mode is served (packed has a test of its own).
     for mode in ["warm", "sequential"] {
         let mut b = body.clone();
         b["multi_question"] = json!(mode);
@@ -197,12 +197,214 @@ fn block_padding_and_sequential_mode_give_the_same_answers_on_both_backends() {
             assert!(compare(a, b) <= PARITY_TOLERANCE);
         }
     }
-    let mut b = body.clone();
-    b["multi_question"] = json!("packed");
-    let r = vllm.post_json("/v1/decide", &b);
+}
+
+/// The packed prompt's token ids as the gateway builds them: the prefix
+/// and the rest tokenized apart.
+fn packed_prompt(st: &Value, n: usize) -> Vec<u32> {
+    use decisio::prompt::{ChatTemplate, TextTokenizer};
+    use decisio::route::decide::render_packed;
+    use decisio::route::{Question, State};
+    let dir = common::model_dir();
+    let template = ChatTemplate::from_tokenizer_config(dir.join("tokenizer_config.json")).unwrap();
+    let tokenizer = TextTokenizer::from_file(dir.join("tokenizer.json")).unwrap();
+    let state = State::Text(st["state"].as_str().unwrap().to_string());
+    let qs: Vec<Question> = questions(st, n)
+        .iter()
+        .map(|q| Question {
+            id: None,
+            text: q["text"].as_str().unwrap().into(),
+            options: q["options"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|o| o.as_str().unwrap().into())
+                .collect(),
+            abstain_below: None,
+            temperature: None,
+            head: None,
+        })
+        .collect();
+    let r = render_packed(&template, &state, &qs).unwrap();
+    let mut ids = tokenizer.encode(&r.prefix, false).unwrap();
+    ids.extend(tokenizer.encode(&r.suffix, false).unwrap());
+    ids.extend(tokenizer.encode("1:", false).unwrap());
+    ids
+}
+
+/// One token id of each text, from the upstream's tokenizer.
+fn token_ids(s: &Server, text: &str) -> Vec<u32> {
+    let r = s.post_json(
+        "/tokenize",
+        &json!({"prompt": text, "add_special_tokens": false}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.json()["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_u64().unwrap() as u32)
+        .collect()
+}
+
+/// Packed questions: one prompt, one generation of the answer sheet
+/// `N: LETTER`, and each answer's letters read at its own position. Every
+/// answer equals the letters' log-probabilities the MLX gateway gives a
+/// completion of the prompt followed by the sheet up to that answer: bit
+/// for bit at the prompt's last position and for fallbacks, to float32
+/// rounding at later positions of the generation. One upstream completion
+/// serves a request whose sheet keeps its format; a broken sheet costs one
+/// teacher-forced completion per answer it could not place. The MLX
+/// backend refuses packed.
+#[test]
+fn packed_questions_are_read_at_their_positions_of_one_generation() {
+    let started = Instant::now();
+    let mlx = Server::start(&[]);
+    let vllm = gateway(
+        &[&mlx],
+        &["--pad-policy", "none", "--upstream-timeout", "600"],
+    );
+    let reference = reference();
+    let completions = |s: &Server| {
+        metric(
+            s,
+            "decisio_http_requests_total",
+            "route=\"/v1/completions\"",
+        )
+    };
+    let fallbacks = |s: &Server| metric(s, "decisio_packed_answers_total", "read=\"fallback\"");
+    let letters: Vec<u32> = ["A", "B", "C", "D"]
+        .iter()
+        .map(|l| token_ids(&mlx, &format!(" {l}"))[0])
+        .collect();
+    let separator = token_ids(&mlx, "\n");
+    let (mut answers, mut fell_back, mut exact, mut worst) = (0, 0.0, 0, 0.0f64);
+    // States 0 and 2 follow the sheet's format on the fixture; state 3
+    // breaks it on its first line.
+    for (i, n) in [(0usize, 4usize), (2, 2), (3, 3)] {
+        let st = &reference["states"][i];
+        let body = json!({"state": st["state"], "questions": questions(st, n),
+                          "multi_question": "packed"});
+        let (before, fell) = (completions(&mlx), fallbacks(&vllm));
+        let r = decide(&vllm, &body);
+        let fell = fallbacks(&vllm) - fell;
+        // One generation, and one teacher-forced completion per answer
+        // whose line broke the sheet's format.
+        assert_eq!(completions(&mlx) - before, 1.0 + fell, "state {i}");
+        if i != 3 {
+            assert_eq!(fell, 0.0, "state {i}: the sheet broke its format");
+        }
+        fell_back += fell;
+        let got = r["answers"].as_array().unwrap();
+        assert_eq!(got.len(), n);
+        // The sheet the gateway read, generated again directly with the
+        // same bound.
+        let prompt = packed_prompt(st, n);
+        assert_eq!(r["usage"]["prompt_tokens"], json!(prompt.len()), "{r}");
+        let lines: Vec<Vec<u32>> = (0..n)
+            .map(|k| match k {
+                0 => Vec::new(),
+                _ => [separator.clone(), token_ids(&mlx, &format!("{}:", k + 1))].concat(),
+            })
+            .collect();
+        let max_tokens = lines.iter().map(|l| l.len() + 1).sum::<usize>() + 1;
+        let g = mlx.post_json(
+            "/v1/completions",
+            &json!({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+                    "logprobs": 0, "return_tokens_as_token_ids": true}),
+        );
+        assert_eq!(g.status, 200, "{}", g.text());
+        let sheet: Vec<u32> = g.json()["choices"][0]["logprobs"]["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t.as_str().unwrap()["token_id:".len()..].parse().unwrap())
+            .collect();
+        let (mut cursor, mut kept, mut expected_fallbacks) = (Some(0usize), 0usize, 0.0);
+        for (k, a) in got.iter().enumerate() {
+            let options = a["probabilities"].as_object().unwrap().len();
+            let line = &lines[k];
+            let position = cursor
+                .filter(|&c| sheet[c..].starts_with(line) && c + line.len() < sheet.len())
+                .map(|c| c + line.len());
+            // The prompt the answer's letters were read after.
+            let mut forced = prompt.clone();
+            match position {
+                Some(p) => {
+                    forced.extend_from_slice(&sheet[..p]);
+                    if letters[..options].contains(&sheet[p]) {
+                        (cursor, kept) = (Some(p + 1), p + 1);
+                    } else {
+                        cursor = None;
+                    }
+                }
+                None => {
+                    cursor = None;
+                    expected_fallbacks += 1.0;
+                    forced.extend_from_slice(&sheet[..kept]);
+                    forced.extend_from_slice(line);
+                }
+            }
+            let d = mlx.post_json(
+                "/v1/completions",
+                &json!({"prompt": forced, "max_tokens": 1, "temperature": 0,
+                        "logprobs": 1, "logprob_token_ids": &letters[..options],
+                        "return_tokens_as_token_ids": true}),
+            );
+            assert_eq!(d.status, 200, "{}", d.text());
+            let top = d.json()["choices"][0]["logprobs"]["top_logprobs"][0].clone();
+            let want: Vec<u32> = letters[..options]
+                .iter()
+                .map(|id| (top[format!("token_id:{id}")].as_f64().unwrap() as f32).to_bits())
+                .collect();
+            let have: Vec<u32> = a["letter_logprobs"]
+                .as_object()
+                .unwrap()
+                .values()
+                .map(|v| (v.as_f64().unwrap() as f32).to_bits())
+                .collect();
+            if position.is_some_and(|p| p > 0) {
+                // Read from the generation: the upstream ran the sheet's
+                // tokens one at a time on its cache, the teacher-forced
+                // prompt runs them as one prefill chunk (another summation
+                // order), so they agree to float32 rounding.
+                for (h, w) in have.iter().zip(&want) {
+                    let d = f64::from(f32::from_bits(*h) - f32::from_bits(*w)).abs();
+                    worst = worst.max(d);
+                    assert!(d <= PARITY_TOLERANCE, "state {i} answer {k}: {d:e} {a}");
+                }
+            } else {
+                // The prompt's own last position, or a teacher-forced
+                // fallback (the same request): the same bits.
+                assert_eq!(have, want, "state {i} answer {k}: {a}");
+                exact += 1;
+            }
+            let total: f64 = a["probabilities"]
+                .as_object()
+                .unwrap()
+                .values()
+                .map(|v| v.as_f64().unwrap())
+                .sum();
+            assert!((total - 1.0).abs() < 1e-5, "{a}");
+            answers += 1;
+        }
+        assert_eq!(fell, expected_fallbacks, "state {i}");
+    }
+    assert!(fell_back > 0.0, "the broken sheet fell back");
+    // The MLX backend refuses packed, naming the vLLM backend.
+    let st = &reference["states"][0];
+    let r = mlx.post_json(
+        "/v1/decide",
+        &json!({"state": st["state"], "questions": questions(st, 2), "multi_question": "packed"}),
+    );
     assert_eq!(r.status, 400, "{}", r.text());
     assert_eq!(r.json()["error"]["param"], "multi_question");
     assert!(r.text().contains("vLLM backend"), "{}", r.text());
+    eprintln!(
+        "packed: {answers} answers ({fell_back} read by fallback), {exact} bit for bit, the \
+         others within {worst:.1e}, {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
 }
 
 #[test]

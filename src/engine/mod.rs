@@ -48,6 +48,30 @@ pub struct ScoreRequest {
     /// work that must not displace serving states (task registration);
     /// the answers are the same bits either way.
     pub cache: bool,
+    /// The one prompt of [`MultiQuestion::Packed`] (set by the route in that
+    /// mode only; each question's `suffix` is then empty and its `read`
+    /// holds the letters as they follow `N: ` in the answer sheet).
+    pub packed: Option<PackedPrompt>,
+}
+
+/// All questions of a packed request in one prompt, answered in one
+/// generation as an answer sheet of one line per question, `N: LETTER`
+/// (`docs/design/vllm.md`, "Packed questions").
+#[derive(Clone, Debug)]
+pub struct PackedPrompt {
+    /// The whole prompt: the prefix (the state), then every question and
+    /// the instruction, through the chat template's generation cue, and
+    /// the answer sheet's first marker `1:`.
+    pub prompt: Vec<u32>,
+    /// Per question, the tokens that introduce its answer in the sheet
+    /// (`N:`); the answer's letters are read at the position right after.
+    /// The first is empty: the prompt ends with the first line's `1:`.
+    pub markers: Vec<Vec<u32>>,
+    /// The tokens between one answer's letter and the next marker (`\n`).
+    pub separator: Vec<u32>,
+    /// The most tokens the generation may take: every marker, separator
+    /// and one letter per question, and one more for the end of the sheet.
+    pub max_tokens: usize,
 }
 
 /// How several questions on one state are run.
@@ -57,7 +81,8 @@ pub enum MultiQuestion {
     Sequential,
     /// The prefix is prefilled once, then the questions run concurrently.
     Warm,
-    /// All questions in one prompt, answered in one pass.
+    /// All questions in one prompt, answered in one generation, each
+    /// answer's letters read at its own position (the vLLM backend).
     Packed,
 }
 

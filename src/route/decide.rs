@@ -9,7 +9,7 @@ use serde_json::{Map, Value};
 
 use super::{RouteError, TextRoute};
 use crate::engine::{
-    MultiQuestion, PadPolicy, QuestionScore, QuestionTokens, ScoreRequest, StateHash,
+    MultiQuestion, PackedPrompt, PadPolicy, QuestionScore, QuestionTokens, ScoreRequest, StateHash,
 };
 use crate::prompt::ChatTemplate;
 use crate::tasks::head::Head;
@@ -131,6 +131,35 @@ pub fn question_block(q: &Question) -> String {
     text
 }
 
+/// The instruction after the questions of a packed prompt.
+pub const PACKED_CUE: &str = "Answer every question above, in order, one line per question: \
+     the question's number, a colon, a space and the letter of the correct option (for \
+     example `1: A`). Write nothing else.";
+
+/// The questions of a packed prompt: each numbered, with its lettered
+/// options, then [`PACKED_CUE`].
+pub fn packed_block(questions: &[Question]) -> String {
+    let mut text = String::new();
+    for (i, q) in questions.iter().enumerate() {
+        text.push_str(&format!("Question {}: {}", i + 1, q.text.trim()));
+        for (letter, option) in LETTERS.iter().zip(&q.options) {
+            text.push_str(&format!("\n{letter}. {}", option.trim()));
+        }
+        text.push_str("\n\n");
+    }
+    text.push_str(PACKED_CUE);
+    text
+}
+
+/// The text that introduces the answer of question `i` (from 0) in a
+/// packed answer sheet, `N:`; the letter follows with a space (` A`).
+pub fn packed_marker(i: usize) -> String {
+    format!("{}:", i + 1)
+}
+
+/// What separates the lines of a packed answer sheet.
+pub const PACKED_SEPARATOR: &str = "\n";
+
 /// Checks a question's meaning; `param` prefixes the field names.
 pub fn check_question(q: &Question, param: &str) -> Result<(), RouteError> {
     if q.text.trim().is_empty() {
@@ -231,7 +260,26 @@ pub fn render(
     state: &State,
     q: &Question,
 ) -> Result<Rendered, RouteError> {
-    let block = question_block(q);
+    render_block(template, state, question_block(q))
+}
+
+/// Renders all questions on a state as one packed prompt
+/// ([`packed_block`]) and splits the text where the state ends.
+pub fn render_packed(
+    template: &ChatTemplate,
+    state: &State,
+    questions: &[Question],
+) -> Result<Rendered, RouteError> {
+    render_block(template, state, packed_block(questions))
+}
+
+/// Renders a question block (one question's, or a packed prompt's) after a
+/// state and splits the text where the state ends.
+fn render_block(
+    template: &ChatTemplate,
+    state: &State,
+    block: String,
+) -> Result<Rendered, RouteError> {
     let kwargs = decision_kwargs(template);
     let (messages, content, keep) = match state {
         State::Text(text) => {
@@ -316,7 +364,8 @@ impl TextRoute {
                 return Err(invalid(
                     "multi_question",
                     format!(
-                        "`{}` is not served by the {} backend; it runs {}",
+                        "`{}` is not served by the {} backend; it runs {} (the vLLM backend \
+                         runs `warm`, `sequential` and `packed`)",
                         m.as_str(),
                         caps.name,
                         served.join(" and ")
@@ -335,10 +384,19 @@ impl TextRoute {
         }
         let started = Instant::now();
         let layer = head_layer(&questions)?;
-        let (prefix, tokens) = self.prepare(&state, &questions)?;
+        let (prefix, tokens, packed) = if mode == MultiQuestion::Packed {
+            let (prefix, tokens, packed) = self.prepare_packed(&state, &questions)?;
+            (prefix, tokens, Some(packed))
+        } else {
+            let (prefix, tokens) = self.prepare(&state, &questions)?;
+            (prefix, tokens, None)
+        };
         let hash = self.state_hash(&prefix);
         let suffix_lengths: Vec<usize> = tokens.iter().map(|t| t.suffix.len()).collect();
-        let suffix_tokens: usize = suffix_lengths.iter().sum();
+        let prompt_tokens = match &packed {
+            Some(p) => p.prompt.len(),
+            None => prefix.len() + suffix_lengths.iter().sum::<usize>(),
+        };
         let receiver = self.engine().score(ScoreRequest {
             state: hash,
             prefix: prefix.clone(),
@@ -347,6 +405,7 @@ impl TextRoute {
             hidden_layer: layer.flatten(),
             mode,
             cache: true,
+            packed,
         })?;
         let result = receiver
             .await
@@ -390,7 +449,7 @@ impl TextRoute {
                 warning: self.long_state_warning(prefix.len()),
             },
             answers,
-            prompt_tokens: prefix.len() + suffix_tokens,
+            prompt_tokens,
             cached_tokens: if result.cached { prefix.len() } else { 0 } + memoised_tokens,
         })
     }
@@ -405,6 +464,108 @@ impl TextRoute {
         )
     }
 
+    /// The token ids of a state's prefix text, padded as the backend's
+    /// padding policy says.
+    fn prefix_ids(&self, prefix_text: &str) -> Result<Vec<u32>, RouteError> {
+        let mut prefix = self.tokenize(prefix_text, false)?;
+        if let PadPolicy::Block(block) = self.engine().capabilities().padding {
+            let short = (block - prefix.len() % block) % block;
+            let filler = self.pad_id.ok_or_else(|| {
+                invalid(
+                    "state",
+                    "the tokenizer has no single-token filler, so states cannot be padded; \
+                     serve with --pad-policy none",
+                )
+            })?;
+            prefix.extend(std::iter::repeat_n(filler, short));
+        }
+        Ok(prefix)
+    }
+
+    /// Checks and renders `questions` on `state` as one packed prompt: the
+    /// prefix's token ids, each question's (empty) suffix with the letters
+    /// it reads after `N: `, and the prompt with the answer sheet's markers.
+    fn prepare_packed(
+        &self,
+        state: &State,
+        questions: &[Question],
+    ) -> Result<(Vec<u32>, Vec<QuestionTokens>, PackedPrompt), RouteError> {
+        let most = self.limits.max_packed_questions;
+        if questions.len() > most {
+            return Err(invalid(
+                "questions",
+                format!(
+                    "multi_question `packed` takes 1 to {most} questions; got {} (send more in \
+                     `warm` mode, or in several requests)",
+                    questions.len()
+                ),
+            ));
+        }
+        let letters = self.packed_letter_ids.as_ref().ok_or_else(|| {
+            invalid(
+                "multi_question",
+                "the tokenizer does not write each of ` A` to ` Z` as one token, so packed \
+                 answers cannot be read; use `warm` or `sequential`",
+            )
+        })?;
+        for (i, q) in questions.iter().enumerate() {
+            check_question(q, &format!("questions[{i}]"))?;
+            if q.head.is_some() {
+                return Err(invalid(
+                    &format!("questions[{i}].task"),
+                    "multi_question `packed` reads option letters; questions on intent tasks \
+                     are answered in `warm` or `sequential` mode",
+                ));
+            }
+        }
+        let r = render_packed(&self.template, state, questions)?;
+        let prefix = self.prefix_ids(&r.prefix)?;
+        let mut prompt = prefix.clone();
+        prompt.extend(self.tokenize(&r.suffix, false)?);
+        // The sheet's first marker ends the prompt: the first generated
+        // token is the first answer.
+        prompt.extend(self.tokenize(&packed_marker(0), false)?);
+        let markers = (0..questions.len())
+            .map(|i| match i {
+                0 => Ok(Vec::new()),
+                _ => self.tokenize(&packed_marker(i), false),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let separator = self.tokenize(PACKED_SEPARATOR, false)?;
+        let max_tokens = markers.iter().map(|m| m.len() + 1).sum::<usize>()
+            + (markers.len() - 1) * separator.len()
+            + 1;
+        let context = self.context_length();
+        if prompt.len() + max_tokens >= context {
+            return Err(RouteError::ContextLength {
+                message: format!(
+                    "This model's maximum context length is {context} tokens. However, the \
+                     packed prompt takes {} tokens and its answers up to {max_tokens}; shorten \
+                     the state or send fewer questions.",
+                    prompt.len()
+                ),
+                param: "state",
+            });
+        }
+        let tokens = questions
+            .iter()
+            .map(|q| QuestionTokens {
+                suffix: Vec::new(),
+                read: letters[..q.options.len()].to_vec(),
+            })
+            .collect();
+        Ok((
+            prefix,
+            tokens,
+            PackedPrompt {
+                prompt,
+                markers,
+                separator,
+                max_tokens,
+            },
+        ))
+    }
+
     /// Checks and renders `questions` on `state`: the prefix's token ids and
     /// each question's suffix with the letters it reads.
     fn prepare(
@@ -412,7 +573,6 @@ impl TextRoute {
         state: &State,
         questions: &[Question],
     ) -> Result<(Vec<u32>, Vec<QuestionTokens>), RouteError> {
-        let caps = self.engine().capabilities();
         let mut prefix_text: Option<String> = None;
         let mut suffixes = Vec::with_capacity(questions.len());
         for (i, q) in questions.iter().enumerate() {
@@ -429,19 +589,7 @@ impl TextRoute {
             }
             suffixes.push(r.suffix);
         }
-        let prefix_text = prefix_text.unwrap_or_default();
-        let mut prefix = self.tokenize(&prefix_text, false)?;
-        if let PadPolicy::Block(block) = caps.padding {
-            let short = (block - prefix.len() % block) % block;
-            let filler = self.pad_id.ok_or_else(|| {
-                invalid(
-                    "state",
-                    "the tokenizer has no single-token filler, so states cannot be padded; \
-                     serve with --pad-policy none",
-                )
-            })?;
-            prefix.extend(std::iter::repeat_n(filler, short));
-        }
+        let prefix = self.prefix_ids(&prefix_text.unwrap_or_default())?;
         let mut tokens = Vec::with_capacity(questions.len());
         let context = self.context_length();
         for (q, suffix) in questions.iter().zip(&suffixes) {
@@ -513,6 +661,7 @@ impl TextRoute {
             hidden_layer,
             mode: MultiQuestion::Sequential,
             cache: false,
+            packed: None,
         })?;
         let mut result = receiver
             .await

@@ -104,6 +104,9 @@ pub struct TextRoute {
     /// The filler token that pads states to a block boundary, when the
     /// tokenizer has one (see [`decide::PAD_TEXT`]).
     pub pad_id: Option<u32>,
+    /// Token ids of ` A`..` Z` (the letters after `N: ` in a packed answer
+    /// sheet), when each is one token.
+    pub packed_letter_ids: Option<Vec<u32>>,
 }
 
 impl TextRoute {
@@ -119,8 +122,16 @@ impl TextRoute {
             Ok(ids) if ids.len() == 1 => Some(ids[0]),
             _ => None,
         };
+        let packed_letter_ids = decide::LETTERS
+            .iter()
+            .map(|l| match tokenizer.encode(&format!(" {l}"), false) {
+                Ok(ids) if ids.len() == 1 => Some(ids[0]),
+                _ => None,
+            })
+            .collect();
         Ok(TextRoute {
             pad_id,
+            packed_letter_ids,
             engine,
             tokenizer,
             template,
