@@ -885,35 +885,7 @@ async fn read_letters(
         .and_then(|u| u.prompt_tokens_details.as_ref())
         .and_then(|d| d.cached_tokens);
     let found = first_position(&response).map_err(|m| EngineError::Upstream(m.to_string()))?;
-    let mut out = Vec::with_capacity(read.len());
-    let mut missing = Vec::new();
-    for (i, id) in read.iter().enumerate() {
-        match found.get(id) {
-            Some(&lp) => out.push(lp as f32),
-            None => {
-                out.push(f32::NAN);
-                missing.push(i);
-            }
-        }
-    }
-    if !missing.is_empty() {
-        if !matches!(probed.method, LetterMethod::TopK { .. }) {
-            return Err(EngineError::Upstream(format!(
-                "the upstream did not return the log-probability of {} option letter(s) \
-                 (token ids {:?}) with {}",
-                missing.len(),
-                missing.iter().map(|&i| read[i]).collect::<Vec<_>>(),
-                probed.method
-            )));
-        }
-        let echoes = missing
-            .iter()
-            .map(|&i| echo_letter(inner, key, prompt, read[i]));
-        let values = futures::future::try_join_all(echoes).await?;
-        for (&i, v) in missing.iter().zip(values) {
-            out[i] = v;
-        }
-    }
+    let out = letters_at(inner, key, &probed, &found, read, || prompt.to_vec(), "").await?;
     Ok((out, cached))
 }
 
@@ -1349,6 +1321,24 @@ async fn read_packed(
     if probed.method == LetterMethod::AllowedTokens {
         return Ok(read_letters(inner, key, &teacher(), read).await?.0);
     }
+    let at = format!(" at packed answer position {position}");
+    letters_at(inner, key, probed, &found, read, teacher, &at).await
+}
+
+/// The log-probabilities of the letters `read` among `found`, the
+/// alternatives one position returned. With a top-k upstream a letter
+/// outside the top k is read by an echo of `prompt()`, the prompt that
+/// position saw; with any other method a missing letter is an error (never
+/// a zero), naming the position (`at`).
+async fn letters_at(
+    inner: &Inner,
+    key: &[u8],
+    probed: &Probed,
+    found: &std::collections::HashMap<u32, f64>,
+    read: &[u32],
+    prompt: impl FnOnce() -> Vec<u32>,
+    at: &str,
+) -> Result<Vec<f32>, EngineError> {
     let mut out = Vec::with_capacity(read.len());
     let mut missing = Vec::new();
     for (i, id) in read.iter().enumerate() {
@@ -1360,24 +1350,25 @@ async fn read_packed(
             }
         }
     }
-    if !missing.is_empty() {
-        if !matches!(probed.method, LetterMethod::TopK { .. }) {
-            return Err(EngineError::Upstream(format!(
-                "the upstream did not return the log-probability of {} option letter(s) \
-                 (token ids {:?}) at packed answer position {position} with {}",
-                missing.len(),
-                missing.iter().map(|&i| read[i]).collect::<Vec<_>>(),
-                probed.method
-            )));
-        }
-        let prompt = teacher();
-        let echoes = missing
-            .iter()
-            .map(|&i| echo_letter(inner, key, &prompt, read[i]));
-        let values = futures::future::try_join_all(echoes).await?;
-        for (&i, v) in missing.iter().zip(values) {
-            out[i] = v;
-        }
+    if missing.is_empty() {
+        return Ok(out);
+    }
+    if !matches!(probed.method, LetterMethod::TopK { .. }) {
+        return Err(EngineError::Upstream(format!(
+            "the upstream did not return the log-probability of {} option letter(s) \
+             (token ids {:?}){at} with {}",
+            missing.len(),
+            missing.iter().map(|&i| read[i]).collect::<Vec<_>>(),
+            probed.method
+        )));
+    }
+    let prompt = prompt();
+    let echoes = missing
+        .iter()
+        .map(|&i| echo_letter(inner, key, &prompt, read[i]));
+    let values = futures::future::try_join_all(echoes).await?;
+    for (&i, v) in missing.iter().zip(values) {
+        out[i] = v;
     }
     Ok(out)
 }
