@@ -105,15 +105,9 @@ pub struct CompletionRequest {
     pub return_tokens_as_token_ids: bool,
 }
 
-/// `input` of an embeddings request: text, or token ids, one or a list.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(untagged)]
-pub enum EmbeddingInput {
-    Text(String),
-    Tokens(Vec<i64>),
-    TextBatch(Vec<String>),
-    TokensBatch(Vec<Vec<i64>>),
-}
+/// `input` of an embeddings request: text, or token ids, one or a list,
+/// as a completion's `prompt`.
+pub type EmbeddingInput = PromptSpec;
 
 /// `POST /v1/embeddings` (OpenAI's shape, with vLLM's
 /// `add_special_tokens`).
