@@ -118,8 +118,12 @@ struct ServeArgs {
     /// LoRA adapters are not served: refused with what to do instead.
     #[arg(long, hide = true)]
     lora: Vec<String>,
+    /// The address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
+    /// The port to listen on; 0 takes a free one that the system chooses.
+    /// Either way the server logs `listening on http://ADDR` once the port
+    /// is bound, with the port it really has.
     #[arg(long, default_value_t = 8000)]
     port: u16,
     /// The model name clients send (default: the --model argument).
@@ -231,7 +235,10 @@ struct UpstreamArgs {
 }
 
 fn main() -> Result<()> {
+    // The log goes to standard error: standard output is for what a
+    // command prints as its result (`decisio register`'s report).
     tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| "info,actix_server=warn".into()),

@@ -17,7 +17,7 @@ fn serve_fails(args: &[&str], env: &[(&str, &Path)]) -> String {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_decisio"));
     cmd.arg("serve")
         .args(args)
-        .args(["--port", &common::free_port().to_string()])
+        .args(["--port", "0"])
         .arg("--state-dir")
         .arg(&state)
         .env("HF_HUB_OFFLINE", "1")

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use common::{free_port, fresh_dir, model_dir, Server};
+use common::{fresh_dir, model_dir, Server, CLOSED_PORT};
 use decisio::hub::{resolve_with, HubError, HubSettings, Wanted};
 use sha2::{Digest, Sha256};
 
@@ -119,14 +119,14 @@ impl Drop for HubCache {
 }
 
 fn closed_endpoint() -> String {
-    format!("http://127.0.0.1:{}", free_port())
+    format!("http://127.0.0.1:{CLOSED_PORT}")
 }
 
 /// `decisio serve --model <spec>` expected to fail at start-up: its exit
 /// status and standard error.
 fn serve_fails(spec: &str, env: &[(&str, &OsStr)]) -> String {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_decisio"));
-    cmd.args(["serve", "--model", spec, "--port", &free_port().to_string()])
+    cmd.args(["serve", "--model", spec, "--port", "0"])
         .env_remove("HF_HUB_OFFLINE")
         .env_remove("HF_ENDPOINT")
         .env_remove("HF_HUB_CACHE")
@@ -143,7 +143,7 @@ fn a_cached_repository_serves_offline() {
     let cache = HubCache::new("hub-serve");
     cache.fill(REPO, COMMIT_A);
     let server = Server::spawn_model(
-        free_port(),
+        0,
         OsStr::new(REPO),
         &[
             ("HF_HOME", cache.home().as_os_str()),

@@ -40,12 +40,15 @@ const PROMETHEUS_WAIT: Duration = Duration::from_secs(60);
 
 const UNKNOWN_PATHS: usize = 50;
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+/// The port of Prometheus's `msg="Listening on" address=127.0.0.1:PORT`
+/// log line (it binds port 0 and logs the port it got).
+fn listening_port(log: &str) -> Option<u16> {
+    log.lines()
+        .filter(|l| l.contains("msg=\"Listening on\""))
+        .find_map(|l| l.split("address=").nth(1))
+        .and_then(|a| a.split_whitespace().next())
+        .and_then(|a| a.parse::<std::net::SocketAddr>().ok())
+        .map(|a| a.port())
 }
 
 /// The `prometheus` binary on PATH (what `which prometheus` finds).
@@ -101,26 +104,35 @@ impl Prometheus {
         )
         .unwrap();
         let log = std::fs::File::create(dir.join("prometheus.log")).unwrap();
-        let port = free_port();
         let child = Command::new(binary)
             .arg(format!("--config.file={}", config.display()))
             .arg(format!(
                 "--storage.tsdb.path={}",
                 dir.join("data").display()
             ))
-            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .arg("--web.listen-address=127.0.0.1:0")
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {}: {e}", binary.display()));
-        let mut prometheus = Prometheus { child, port, dir };
+        let mut prometheus = Prometheus {
+            child,
+            port: 0,
+            dir,
+        };
         let started = Instant::now();
         loop {
             if let Ok(Some(status)) = prometheus.child.try_wait() {
                 panic!("prometheus exited ({status}):\n{}", prometheus.log());
             }
-            if http_get(port, "/-/ready").is_ok_and(|r| r.status == 200) {
+            if prometheus.port == 0 {
+                let log = std::fs::read_to_string(prometheus.dir.join("prometheus.log"));
+                prometheus.port = log.ok().and_then(|l| listening_port(&l)).unwrap_or(0);
+            }
+            if prometheus.port != 0
+                && http_get(prometheus.port, "/-/ready").is_ok_and(|r| r.status == 200)
+            {
                 break;
             }
             assert!(

@@ -486,9 +486,9 @@ fn upstream_faults_are_openai_errors() {
         .arg(common::model_dir())
         .args([
             "--upstream",
-            &format!("http://127.0.0.1:{}", common::free_port()),
+            &format!("http://127.0.0.1:{}", common::CLOSED_PORT),
             "--port",
-            &common::free_port().to_string(),
+            "0",
         ])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -527,8 +527,16 @@ fn upstream_faults_are_openai_errors() {
     mlx.kill();
     let r = vllm.post_json("/v1/decide", &body);
     assert_error(&r, 503, "upstream");
-    std::thread::sleep(Duration::from_millis(800));
-    let r = vllm.post_json("/v1/decide", &body);
+    // The health checks (every 0.2 s) eject it; until then answers stay 503.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let r = loop {
+        let r = vllm.post_json("/v1/decide", &body);
+        assert_eq!(r.status, 503, "{}", r.text());
+        if r.text().contains("ejected") || Instant::now() > deadline {
+            break r;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
     assert_error(&r, 503, "ejected");
     assert_eq!(
         metric(
@@ -605,8 +613,13 @@ fn killing_one_of_three_upstreams_mid_run_loses_no_request() {
     // Kill b while a round is in flight.
     let port = b.port;
     answered += std::thread::scope(|scope| {
+        let before_round = b_ok(vllm);
         let h = scope.spawn(|| run("during"));
-        std::thread::sleep(Duration::from_millis(300));
+        // Once b has answered a request of this round, the round is using
+        // it: kill it then, whatever the machine's speed.
+        while b_ok(vllm) <= before_round && !h.is_finished() {
+            std::thread::sleep(Duration::from_millis(5));
+        }
         b.kill();
         h.join().unwrap()
     });
@@ -830,7 +843,7 @@ fn intent_heads_through_a_head_upstream_match_the_mlx_backend_bit_for_bit() {
         .args(["serve", "--backend", "vllm", "--model"])
         .arg(common::model_dir())
         .args(["--upstream", &mlx.url(), "--head-upstream", &head.url()])
-        .args(["--port", &common::free_port().to_string()])
+        .args(["--port", "0"])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .output()

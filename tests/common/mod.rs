@@ -4,7 +4,7 @@
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -42,9 +42,13 @@ pub fn asset(name: &str) -> PathBuf {
     path
 }
 
-/// A fresh, empty folder under the system's temporary folder.
+/// A fresh, empty folder under the system's temporary folder, of this
+/// call alone (tests of one binary run side by side: two calls with the
+/// same name get two folders).
 pub fn fresh_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("decisio-{}-{name}", std::process::id()));
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("decisio-{}-{n}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
@@ -64,9 +68,14 @@ pub fn reference_file(name: &str) -> PathBuf {
     path
 }
 
-/// A `decisio serve` process on a free loopback port, stopped on drop.
+/// A `decisio serve` process on a loopback port, stopped on drop.
 /// Without `--state-dir` among its arguments it gets a fresh state folder
 /// of its own (a state folder serves one server at a time), removed on drop.
+///
+/// The port is the one the process itself announces (`listening on
+/// http://…` on its standard error) after it bound it: a test never talks
+/// to a port it merely guessed was free, so two servers started at once
+/// can never answer each other's readiness checks.
 pub struct Server {
     child: Child,
     pub port: u16,
@@ -80,14 +89,14 @@ impl Server {
         server
     }
 
-    /// Starts the process and returns once the port answers (the model may
-    /// still be loading).
+    /// Starts the process on a port the system chooses (`--port 0`) and
+    /// returns once it listens there (the model may still be loading).
     pub fn spawn(extra: &[&str]) -> Server {
-        Self::spawn_on(free_port(), extra)
+        Self::spawn_on(0, extra)
     }
 
     /// Like [`Server::spawn`], on a given port (to restart a server where
-    /// it was).
+    /// it was; 0: one the system chooses).
     pub fn spawn_on(port: u16, extra: &[&str]) -> Server {
         Self::spawn_model(port, model_dir().as_os_str(), &[], extra)
     }
@@ -100,13 +109,12 @@ impl Server {
         env: &[(&str, &std::ffi::OsStr)],
         extra: &[&str],
     ) -> Server {
-        let own_state =
-            (!extra.contains(&"--state-dir")).then(|| fresh_dir(&format!("state-{port}")));
+        let own_state = (!extra.contains(&"--state-dir")).then(|| fresh_dir("state"));
         let state_args: Vec<&std::ffi::OsStr> = match &own_state {
             Some(dir) => vec!["--state-dir".as_ref(), dir.as_os_str()],
             None => Vec::new(),
         };
-        let child = Command::new(env!("CARGO_BIN_EXE_decisio"))
+        let mut child = Command::new(env!("CARGO_BIN_EXE_decisio"))
             .args(["serve", "--model"])
             .arg(model)
             .args([
@@ -118,24 +126,35 @@ impl Server {
             .args(extra)
             .args(state_args)
             .envs(env.iter().copied())
+            .env("NO_COLOR", "1")
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
+            .stderr(Stdio::piped())
             .spawn()
             .expect("start decisio serve");
-        let server = Server {
+        let listening = forward_log(child.stderr.take().expect("piped stderr"));
+        let start = Instant::now();
+        let port = loop {
+            match listening.recv_timeout(Duration::from_millis(50)) {
+                Ok(port) => break port,
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                    let status = child.wait().expect("wait for decisio serve");
+                    panic!("decisio serve exited ({status}) before it listened; its log is above")
+                }
+            }
+            if let Some(status) = child.try_wait().expect("poll decisio serve") {
+                panic!("decisio serve exited ({status}) before it listened; its log is above");
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(120),
+                "decisio serve never announced its port"
+            );
+        };
+        Server {
             child,
             port,
             own_state,
-        };
-        let start = Instant::now();
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                start.elapsed() < Duration::from_secs(60),
-                "the server never opened its port"
-            );
-            std::thread::sleep(Duration::from_millis(5));
         }
-        server
     }
 
     pub fn wait_ready(&self, limit: Duration) {
@@ -232,13 +251,41 @@ impl Server {
     }
 }
 
-/// A port nothing listens on now.
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+/// A loopback port on which nothing listens, ever: port 1 (TCP port
+/// service multiplexer) is a privileged port that no test and no service on
+/// these machines binds, and every server a test starts takes a port the
+/// system chooses from the ephemeral range. (A port found free by binding
+/// and dropping a listener may be taken by a server of a test running
+/// beside it before it is used.)
+pub const CLOSED_PORT: u16 = 1;
+
+/// Copies a server's standard error to the test's, line by line, and sends
+/// the port of its first `listening on http://ADDR` line.
+fn forward_log(stderr: std::process::ChildStderr) -> std::sync::mpsc::Receiver<u16> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut tx = Some(tx);
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            eprintln!("{line}");
+            if let Some(port) = listening_port(&line) {
+                if let Some(tx) = tx.take() {
+                    let _ = tx.send(port);
+                }
+            }
+        }
+    });
+    rx
+}
+
+/// The port of a `listening on http://127.0.0.1:PORT` log line.
+pub fn listening_port(line: &str) -> Option<u16> {
+    let addr = line.split("listening on http://").nth(1)?;
+    let addr: String = addr
+        .chars()
+        .take_while(|c| c.is_ascii_hexdigit() || matches!(c, '.' | ':' | '[' | ']'))
+        .collect();
+    addr.parse::<std::net::SocketAddr>().ok().map(|a| a.port())
 }
 
 impl Server {

@@ -2,9 +2,12 @@
 
 import os
 import pathlib
-import socket
+import queue
+import re
 import subprocess
+import sys
 import tempfile
+import threading
 import time
 import urllib.request
 
@@ -14,39 +17,66 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 CACHE = pathlib.Path(os.environ.get("DECISIO_CACHE", pathlib.Path.home() / ".cache/decisio"))
 MODEL = pathlib.Path(os.environ.get("DECISIO_MODEL", CACHE / "models/smollm2-135m-instruct"))
 API_KEY = "test-key-e2e"
+LISTENING = re.compile(r"listening on http://([0-9.]+:[0-9]+|\[[0-9a-f:]+\]:[0-9]+)")
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def start_server(args):
+    """Starts `decisio serve ARGS --port 0` and returns (process, base URL)
+    once the process itself has announced the port it bound (`listening
+    on http://ADDR` on its standard error) and answers /health. The
+    readiness check therefore always reaches this process, never another
+    server that happens to hold a port guessed free. Its log goes on to
+    this process's standard error."""
+    proc = subprocess.Popen(
+        [str(ROOT / "target/release/decisio"), "serve", *args, "--port", "0"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "NO_COLOR": "1"},
+    )
+    found = queue.Queue()
+
+    def forward():
+        announced = False
+        for line in proc.stderr:
+            sys.stderr.write(line)
+            m = LISTENING.search(line)
+            if m and not announced:
+                announced = True
+                found.put(m.group(1))
+        found.put(None)
+
+    threading.Thread(target=forward, daemon=True).start()
+    try:
+        addr = found.get(timeout=120)
+    except queue.Empty:
+        addr = None
+    if addr is None:
+        proc.kill()
+        raise RuntimeError(f"decisio exited or never listened (status {proc.poll()})")
+    base = f"http://{addr}"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"decisio exited before it was ready (status {proc.returncode})")
+        try:
+            with urllib.request.urlopen(base + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return proc, base
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("decisio did not become healthy within 120 s")
 
 
 @pytest.fixture(scope="session")
 def server():
     assert (MODEL / "config.json").exists(), f"fixture model missing at {MODEL}; run make setup"
-    port = free_port()
     state_dir = tempfile.mkdtemp(prefix="decisio-e2e-state-")
-    proc = subprocess.Popen(
-        [str(ROOT / "target/release/decisio"), "serve", "--model", str(MODEL),
-         "--served-model-name", "smollm2", "--port", str(port), "--api-key", API_KEY,
-         "--state-dir", state_dir],
-        stdout=subprocess.DEVNULL,
+    proc, base = start_server(
+        ["--model", str(MODEL), "--served-model-name", "smollm2", "--api-key", API_KEY,
+         "--state-dir", state_dir]
     )
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        try:
-            with urllib.request.urlopen(base + "/health", timeout=2) as r:
-                if r.status == 200:
-                    break
-        except Exception:
-            if proc.poll() is not None:
-                raise RuntimeError("decisio exited before it was ready")
-            time.sleep(0.2)
-    else:
-        proc.kill()
-        raise RuntimeError("decisio did not become healthy")
     yield base
     proc.terminate()
     proc.wait(timeout=10)
