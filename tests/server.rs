@@ -246,43 +246,100 @@ fn api_key_is_required_and_checked() {
     assert_eq!(s.request("GET", "/health", &[], None).unwrap().status, 200);
 }
 
-#[test]
-fn a_full_queue_answers_503_and_nothing_is_dropped() {
-    let s = Server::start(&["--max-queue", "1"]);
-    // Long generations: one runs, one waits, the others find the queue full.
-    let long = json!({"messages": [{"role": "user", "content": "Tell me a long story."}],
-                      "max_tokens": 400, "temperature": 0, "ignore_eos": true});
-    let results: Vec<Response> = std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..4)
-            .map(|i| {
-                let (s, long) = (&s, &long);
-                scope.spawn(move || {
-                    std::thread::sleep(Duration::from_millis(50 * i));
-                    s.post_json("/v1/chat/completions", long)
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    });
-    let ok = results.iter().filter(|r| r.status == 200).count();
-    let full: Vec<_> = results.iter().filter(|r| r.status == 503).collect();
-    assert_eq!(ok + full.len(), 4, "every request answered 200 or 503");
-    assert!(ok >= 1 && !full.is_empty(), "{ok} ok, {} full", full.len());
-    for r in full {
-        assert_eq!(error_of(r, 503)["code"], "queue_full");
-        assert_eq!(r.header("retry-after"), Some("1"));
+/// `decisio_queue_depth` (engine jobs waiting or running) from /metrics.
+fn queue_depth(s: &Server) -> i64 {
+    let text = s.request("GET", "/metrics", &[], None).unwrap().text();
+    text.lines()
+        .find_map(|l| l.strip_prefix("decisio_queue_depth "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("decisio_queue_depth in /metrics")
+}
+
+/// Polls `condition` every 10 ms for up to two minutes.
+fn wait_until(what: &str, condition: impl Fn() -> bool) {
+    let start = std::time::Instant::now();
+    while !condition() {
+        assert!(start.elapsed() < Duration::from_secs(120), "never: {what}");
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 
 #[test]
+fn a_full_queue_answers_503_and_nothing_is_dropped() {
+    use std::io::{BufRead, BufReader, Write};
+    let s = Server::start(&["--max-queue", "1"]);
+    // A streamed generation runs: its first event has arrived, so the engine
+    // took it off the queue. It is far from its end (ignore_eos, 1,500
+    // tokens) until the test hangs up.
+    let mut running = std::net::TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+    let body = json!({"messages": [{"role": "user", "content": "Tell me a long story."}],
+                      "max_tokens": 1500, "temperature": 0, "ignore_eos": true,
+                      "stream": true})
+    .to_string();
+    write!(
+        running,
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: \
+         application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut stream = BufReader::new(running.try_clone().unwrap());
+    let mut line = String::new();
+    while !line.starts_with("data:") {
+        line.clear();
+        assert!(stream.read_line(&mut line).unwrap() > 0, "the stream ended");
+    }
+    assert!(line.contains("chat.completion.chunk"), "{line}");
+    std::thread::scope(|scope| {
+        // A second one waits in the queue (depth 2: one running, one waiting).
+        let waiting = scope.spawn(|| s.post_json("/v1/chat/completions", &chat("Hello")));
+        wait_until("a job waits in the queue", || queue_depth(&s) == 2);
+        // The queue (1) is full: the next ones are refused at once.
+        for _ in 0..2 {
+            let r = s.post_json("/v1/chat/completions", &chat("Hi"));
+            assert_eq!(error_of(&r, 503)["code"], "queue_full");
+            assert_eq!(r.header("retry-after"), Some("1"));
+        }
+        assert_eq!(queue_depth(&s), 2);
+        // Hanging up stops the running generation; the waiting one is
+        // answered.
+        drop(stream);
+        running.shutdown(std::net::Shutdown::Both).unwrap();
+        let r = waiting.join().unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+    });
+    wait_until("the queue drains", || queue_depth(&s) == 0);
+}
+
+#[test]
 fn requests_during_loading_get_503() {
-    let s = Server::spawn(&[]);
-    let r = s.request("GET", "/health", &[], None).unwrap();
-    let e = error_of(&r, 503);
-    assert_eq!(e["code"], "model_not_loaded");
-    let r = s.post_json("/v1/chat/completions", &chat("hi"));
-    // Loading takes well over the time of two requests on loopback.
-    assert_eq!(error_of(&r, 503)["code"], "model_not_loaded");
+    // A copy of the fixture whose weight index is a named pipe: the model
+    // loads only once the test writes the index into it, so the server is
+    // loading for as long as the test needs, whatever the machine's speed.
+    let dir = common::fresh_dir("loading-model");
+    for entry in std::fs::read_dir(common::model_dir()).unwrap() {
+        let entry = entry.unwrap();
+        std::os::unix::fs::symlink(entry.path(), dir.join(entry.file_name())).unwrap();
+    }
+    let index = dir.join("model.safetensors.index.json");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&index)
+        .status()
+        .unwrap();
+    assert!(made.success(), "mkfifo failed");
+    let s = Server::spawn_model(0, dir.as_os_str(), &[], &[]);
+    for _ in 0..3 {
+        let r = s.request("GET", "/health", &[], None).unwrap();
+        assert_eq!(error_of(&r, 503)["code"], "model_not_loaded");
+        let r = s.post_json("/v1/chat/completions", &chat("hi"));
+        assert_eq!(error_of(&r, 503)["code"], "model_not_loaded");
+    }
+    // Opening the pipe for writing waits for the loader to open it.
+    std::fs::write(
+        &index,
+        json!({"weight_map": {"model.embed_tokens.weight": "model.safetensors"}}).to_string(),
+    )
+    .unwrap();
     s.wait_ready(Duration::from_secs(120));
     assert_eq!(s.post_json("/v1/chat/completions", &chat("hi")).status, 200);
 }
