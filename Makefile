@@ -6,6 +6,9 @@ export DECISIO_CACHE ?= $(HOME)/.cache/decisio
 export DECISIO_ASSETS ?= $(DECISIO_CACHE)/assets
 export DECISIO_MODEL ?= $(DECISIO_CACHE)/models/smollm2-135m-instruct
 export DECISIO_REFERENCE_DIR ?= $(CURDIR)/target/reference
+# One build folder for every checkout of this machine (a fresh clone then
+# rebuilds decisio alone, not its dependencies; cargo locks it while building).
+export CARGO_TARGET_DIR ?= $(DECISIO_CACHE)/target
 PYTHON := $(DECISIO_CACHE)/venv/bin/python
 # mlx-lm's own dense copy of the fixture (the same weight values, on MLX's
 # fast dense CPU kernels) and the BLAS decisio links, for the references.
@@ -13,7 +16,7 @@ DENSE_MODEL := $(DECISIO_CACHE)/models/smollm2-135m-instruct-dense
 OPENBLAS := $(wildcard /usr/lib/x86_64-linux-gnu/libopenblas.so.0)
 PORT ?= 8000
 
-.PHONY: setup serve test reference reference-logits cargo-test e2e lint bench bench-tasks
+.PHONY: setup serve test reference reference-cached reference-logits cargo-test e2e lint bench bench-tasks ci-time
 
 setup:
 	@bash scripts/setup.sh
@@ -22,23 +25,24 @@ serve: setup
 	@bash scripts/serve-demo.sh $(PORT)
 
 # Reference figures computed by the Python implementations (mlx-lm,
-# transformers, tokenizers) that the Rust tests compare against.
+# transformers, tokenizers) that the Rust tests compare against, each step
+# once per input: scripts/reference/cache.py keeps them under
+# $(DECISIO_CACHE)/reference keyed by a digest of the script, the files it
+# reads and the pinned packages, and links them into $(DECISIO_REFERENCE_DIR).
 # (The logits reference takes about 9 minutes and is committed; regenerate it
 # with `make reference-logits` after changing the fixture's conversion.)
-reference: setup
-	@mkdir -p $(DECISIO_REFERENCE_DIR)
+reference: setup reference-cached
+
+reference-cached:
 	@test -f $(DENSE_MODEL)/config.json || $(PYTHON) -m mlx_lm convert --hf-path $(DECISIO_MODEL) --mlx-path $(DENSE_MODEL) --dequantize >/dev/null
-	@LD_PRELOAD=$(OPENBLAS) $(PYTHON) scripts/reference/decisions.py $(DENSE_MODEL) $(DECISIO_REFERENCE_DIR)
-	@$(PYTHON) scripts/reference/prompts.py $(DECISIO_REFERENCE_DIR) $(DECISIO_MODEL) $(DECISIO_ASSETS)/qwen3 $(DECISIO_ASSETS)/gemma3
-	@test -f $(DECISIO_REFERENCE_DIR)/qwen3_6/tokenizer.json || $(PYTHON) scripts/reference/qwen3_6_tokenizer.py $(DECISIO_REFERENCE_DIR)/qwen3_6
-	@$(PYTHON) scripts/reference/tiny_models.py $(DECISIO_REFERENCE_DIR)
-	@$(PYTHON) scripts/reference/tiny_tokenizers.py $(DECISIO_REFERENCE_DIR) $(DECISIO_ASSETS)/qwen3 $(DECISIO_ASSETS)/gemma3
+	@DECISIO_DENSE_MODEL=$(DENSE_MODEL) $(PYTHON) scripts/reference/cache.py $(DECISIO_REFERENCE_DIR)
 
 reference-logits: setup
 	$(PYTHON) scripts/reference/logits.py $(DECISIO_MODEL) tests/fixtures/reference
 
+# The Rust test binaries, side by side (scripts/test_binaries.py).
 cargo-test: reference
-	cargo test --release --locked
+	python3 scripts/test_binaries.py
 
 e2e: setup
 	$(PYTHON) -m pytest -q tests/e2e
@@ -47,7 +51,14 @@ lint:
 	cargo fmt --all -- --check
 	cargo clippy --release --locked --all-targets -- -D warnings
 
-test: cargo-test e2e
+# Every stage, timed: setup, reference, rust, e2e (scripts/test.sh).
+test:
+	@bash scripts/test.sh
+
+# The run record of CI's time: make test on a fresh clone, with an empty
+# cache and with the cache of the run before (scripts/ci_time.py).
+ci-time:
+	python3 scripts/ci_time.py
 
 bench: setup
 	$(PYTHON) scripts/bench/first_token.py

@@ -36,11 +36,18 @@ fi
 
 say "building decisio (release)"
 (cd "$ROOT" && cargo build --release --locked --quiet)
+# `make` builds in one folder for every checkout ($CARGO_TARGET_DIR); the
+# binary is linked where the scripts and the docs name it.
+BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release/decisio
+if [ "$BIN" != "$ROOT/target/release/decisio" ]; then
+  mkdir -p "$ROOT/target/release"
+  ln -sfn "$BIN" "$ROOT/target/release/decisio"
+fi
 
 MODEL=$DECISIO_CACHE/models/smollm2-135m-instruct
 if [ ! -f "$MODEL/config.json" ]; then
   say "converting the SmolLM2 GGUF into an MLX folder"
-  "$ROOT/target/release/decisio" convert \
+  "$BIN" convert \
     --gguf "$DECISIO_CACHE/assets/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" --out "$MODEL"
 fi
 say "ready (model: $MODEL)"

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# `make test`: sets everything up, then runs every test, timing each stage.
+#
+# Stages: setup (scripts/setup.sh), reference (the Python reference figures,
+# computed once per input: scripts/reference/cache.py), rust (the test
+# binaries built and run side by side: scripts/test_binaries.py), e2e (the
+# OpenAI SDK tests). At the end, pass or fail, it prints each stage's time;
+# with DECISIO_STAGE_TIMES=FILE it also writes them there as JSON (and the
+# Rust binaries' own figures beside it), for scripts/ci_time.py.
+set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+export DECISIO_CACHE=${DECISIO_CACHE:-$HOME/.cache/decisio}
+PYTHON=$DECISIO_CACHE/venv/bin/python
+TIMES=${DECISIO_STAGE_TIMES:-}
+STAGES=()
+SECONDS_OF=()
+STATUS=()
+failed=0
+
+stage() {
+  local name=$1; shift
+  local t0 t1 rc
+  echo "[test] stage $name"
+  t0=$(date +%s.%N)
+  "$@"
+  rc=$?
+  t1=$(date +%s.%N)
+  STAGES+=("$name")
+  SECONDS_OF+=("$(awk "BEGIN{printf \"%.1f\", $t1 - $t0}")")
+  STATUS+=("$rc")
+  [ "$rc" = 0 ] || failed=1
+  return "$rc"
+}
+
+report() {
+  local total=0 i json="" sep=""
+  echo
+  echo "[test] time of each stage:"
+  for i in "${!STAGES[@]}"; do
+    printf '  %-10s %8.1f s  %s\n' "${STAGES[$i]}" "${SECONDS_OF[$i]}" \
+      "$([ "${STATUS[$i]}" = 0 ] && echo ok || echo "FAILED (${STATUS[$i]})")"
+    total=$(awk "BEGIN{printf \"%.1f\", $total + ${SECONDS_OF[$i]}}")
+    json+="$sep{\"stage\": \"${STAGES[$i]}\", \"seconds\": ${SECONDS_OF[$i]}, \"exit\": ${STATUS[$i]}}"
+    sep=", "
+  done
+  printf '  %-10s %8.1f s\n' total "$total"
+  if [ -n "$TIMES" ]; then
+    mkdir -p "$(dirname "$TIMES")"
+    echo "{\"stages\": [$json], \"total_s\": $total}" > "$TIMES"
+  fi
+}
+trap report EXIT
+
+stage setup bash scripts/setup.sh || exit 1
+stage reference make --no-print-directory reference-cached || exit 1
+rust_json=()
+[ -n "$TIMES" ] && rust_json=(--json "${TIMES%.json}.rust.json")
+stage rust python3 scripts/test_binaries.py "${rust_json[@]}"
+stage e2e "$PYTHON" -m pytest -q -p no:cacheprovider tests/e2e
+exit $failed
