@@ -1,0 +1,50 @@
+"""Writes summary.md of a CI-time record from its results.json.
+
+Usage: python3 scripts/ci_time_summary.py runs/<date>_ci-time
+"""
+
+import json
+import sys
+from pathlib import Path
+
+STAGES = ["setup", "reference", "rust", "e2e"]
+
+
+def minutes(s):
+    return f"{s / 60:.1f}"
+
+
+def main():
+    out = Path(sys.argv[1])
+    results = json.loads((out / "results.json").read_text())
+    notes = (out / "notes.md").read_text() if (out / "notes.md").exists() else ""
+    lines = ["# CI time: `.ci/run` on a fresh clone, stage by stage", ""]
+    lines += ["Minutes per stage (`setup`: scripts/setup.sh; `reference`: the Python "
+              "reference figures; `rust`: the Rust test binaries, built and run; `e2e`: the "
+              "OpenAI SDK tests). `new`: an empty `DECISIO_CACHE`; `cached`: a second fresh "
+              "clone with the cache of the first.", ""]
+    lines.append("| revision | mode | " + " | ".join(STAGES) + " | total | exit |")
+    lines.append("|---|---|" + "---:|" * (len(STAGES) + 1) + "---:|")
+    for r in results["runs"]:
+        by = {s["stage"]: s["seconds"] for s in r["stages"]}
+        cells = [minutes(by[s]) if s in by else "–" for s in STAGES]
+        lines.append(f"| {r['label']} (`{r['revision'][:8]}`) | {r['mode']} | "
+                     + " | ".join(cells) + f" | {minutes(r['total_s'])} | {r['exit']} |")
+    rust = [r for r in results["runs"] if r.get("rust")]
+    for r in rust:
+        lines += ["", f"## Rust test binaries: {r['label']}, {r['mode']}", "",
+                  f"Build {r['rust']['build_s']:.0f} s, run {r['rust']['run_s']:.0f} s, "
+                  f"{r['rust']['jobs']} binaries at a time. Wall time of each:", "",
+                  "| binary | seconds | tests |", "|---|---:|---:|"]
+        for b in sorted(r["rust"]["binaries"], key=lambda b: -b["seconds"]):
+            lines.append(f"| {b['name']} | {b['seconds']:.0f} | {b['passed']} |")
+    lines += ["", "Commands: " + "; ".join(sorted({f"`{r['command']}`" for r in results["runs"]})),
+              ""]
+    if notes:
+        lines += [notes.strip(), ""]
+    (out / "summary.md").write_text("\n".join(lines))
+    print(f"[ci-time] wrote {out / 'summary.md'}")
+
+
+if __name__ == "__main__":
+    main()
