@@ -45,7 +45,7 @@ cargo-test: reference
 	python3 scripts/test_binaries.py
 
 e2e: setup
-	$(PYTHON) -m pytest -q tests/e2e
+	$(PYTHON) -m pytest -q tests/e2e tests/tools
 
 lint:
 	cargo fmt --all -- --check

@@ -2,7 +2,7 @@
 only when what it depends on changed, and lays the figures out where the
 Rust tests read them.
 
-Usage: python scripts/reference/cache.py REF_DIR [-j JOBS] [--only STEP ...]
+Usage: python scripts/reference/cache.py REF_DIR [-j JOBS] [--only STEP ...] [--plan]
 
 Each step below (the decisions of the fixture, the prompt conformance
 figures, the Qwen3.6 tokenizer, one tiny conversion per architecture, the
@@ -172,9 +172,16 @@ def main():
     ap.add_argument("ref_dir", type=Path)
     ap.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--only", nargs="*", help="run these steps alone")
+    ap.add_argument("--plan", action="store_true",
+                    help="say which steps would be computed and which come from the cache; run none")
     a = ap.parse_args()
     STORE.mkdir(parents=True, exist_ok=True)
     todo = [s for s in steps() if not a.only or s.name in a.only]
+    if a.plan:
+        for s in todo:
+            folder = STORE / f"{s.name}-{s.digest()}"
+            print(f"{s.name:<28} {'cached' if folder.is_dir() else 'to compute'}  {folder.name}")
+        return
     started = time.time()
     with ThreadPoolExecutor(max_workers=max(1, a.jobs)) as pool:
         results = list(pool.map(lambda s: (s, *run(s)), todo))
