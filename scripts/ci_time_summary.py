@@ -25,7 +25,7 @@ def main():
               "clone with the cache of the first.", ""]
     lines.append("| revision | mode | " + " | ".join(STAGES) + " | total | exit |")
     lines.append("|---|---|" + "---:|" * (len(STAGES) + 1) + "---:|")
-    for r in results["runs"]:
+    for r in results["runs"] + results.get("derived", []):
         by = {s["stage"]: s["seconds"] for s in r["stages"]}
         cells = [minutes(by[s]) if s in by else "–" for s in STAGES]
         lines.append(f"| {r['label']} (`{r['revision'][:8]}`) | {r['mode']} | "
@@ -38,6 +38,14 @@ def main():
                   "| binary | seconds | tests |", "|---|---:|---:|"]
         for b in sorted(r["rust"]["binaries"], key=lambda b: -b["seconds"]):
             lines.append(f"| {b['name']} | {b['seconds']:.0f} | {b['passed']} |")
+        tests = sorted((t for b in r["rust"]["binaries"] for t in b.get("tests", [])),
+                       key=lambda t: -t["seconds"])[:10]
+        if tests:
+            lines += ["", "The ten slowest tests (seconds, on a machine shared with the other "
+                          "binaries):", "", "| test | seconds |", "|---|---:|"]
+            lines += [f"| `{t['name']}` | {t['seconds']:.0f} |" for t in tests]
+    for d in results.get("derived", []):
+        lines += ["", f"{d['label']}, {d['mode']}: {d['how']}"]
     lines += ["", "Commands: " + "; ".join(sorted({f"`{r['command']}`" for r in results["runs"]})),
               ""]
     if notes:
