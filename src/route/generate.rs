@@ -240,10 +240,26 @@ impl GenerationStream {
 fn partial_suffix(text: &str, stop: &str) -> usize {
     (1..stop.len().min(text.len() + 1))
         .rev()
-        .find(|&n| text.ends_with(&stop[..n]) && stop.is_char_boundary(n))
+        .find(|&n| stop.is_char_boundary(n) && text.ends_with(&stop[..n]))
         .unwrap_or(0)
 }
 
 fn decode_error(e: PromptError) -> RouteError {
     RouteError::Engine(crate::engine::EngineError::Model(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::partial_suffix;
+
+    #[test]
+    fn a_partial_stop_is_measured_in_whole_characters() {
+        assert_eq!(partial_suffix("the end", "end."), 3);
+        assert_eq!(partial_suffix("abc", "xyz"), 0);
+        // A stop of multi-byte characters: only prefixes that end on a
+        // character boundary count, and none panics.
+        assert_eq!(partial_suffix("Mama", "\u{80}"), 0);
+        assert_eq!(partial_suffix("caf\u{e9}", "\u{e9}t\u{e9}"), 2);
+        assert_eq!(partial_suffix("x\u{1F600}", "\u{1F600}\u{1F600}"), 4);
+    }
 }
