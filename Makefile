@@ -16,7 +16,7 @@ DENSE_MODEL := $(DECISIO_CACHE)/models/smollm2-135m-instruct-dense
 OPENBLAS := $(wildcard /usr/lib/x86_64-linux-gnu/libopenblas.so.0)
 PORT ?= 8000
 
-.PHONY: setup serve test reference reference-cached reference-logits cargo-test e2e lint bench bench-tasks ci-time
+.PHONY: setup serve test reference reference-cached reference-logits cargo-test e2e lint bench bench-tasks ci-time schemathesis
 
 setup:
 	@bash scripts/setup.sh
@@ -54,6 +54,12 @@ lint:
 # Every stage, timed: setup, reference, rust, e2e (scripts/test.sh).
 test:
 	@bash scripts/test.sh
+
+# Schemathesis against the served description with a larger budget than
+# make e2e gives it; the record goes into runs/<date>_schemathesis.
+schemathesis: setup
+	cargo build --release --locked --bin decisio
+	$(PYTHON) scripts/schemathesis_run.py --examples 50 --out runs/$$(date +%F)_schemathesis
 
 # The run record of CI's time: make test on a fresh clone, with an empty
 # cache and with the cache of the run before (scripts/ci_time.py).

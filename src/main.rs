@@ -135,6 +135,11 @@ struct ServeArgs {
     /// Largest top_logprobs (chat) or logprobs (completions).
     #[arg(long, default_value_t = Limits::default().max_logprobs)]
     max_logprobs: usize,
+    /// Tokens of context the server offers (prompt and generation
+    /// together), when fewer than the model's `max_position_embeddings`;
+    /// as vLLM's flag of the same name. Bounds every generation's length.
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(2..))]
+    max_model_len: Option<usize>,
     /// Jobs that may wait for the engine; more are answered 503.
     #[arg(long, default_value_t = Limits::default().max_queue, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     max_queue: usize,
@@ -386,6 +391,7 @@ fn serve(args: ServeArgs) -> Result<()> {
         max_task_body_bytes: (args.max_task_body_mb as usize) << 20,
         prefill_chunk: args.prefill_chunk,
         prefix_cache_mib: prefix_cache_mb,
+        max_model_len: args.max_model_len,
         ..Limits::default()
     };
     let metrics = Arc::new(Metrics::new());

@@ -49,6 +49,9 @@ pub struct Limits {
     /// Most questions of one `multi_question: "packed"` request (all of
     /// them share one prompt and one generation).
     pub max_packed_questions: usize,
+    /// The context the server offers, when below the model's
+    /// (`--max-model-len`, as vLLM names it): prompt plus generation.
+    pub max_model_len: Option<usize>,
 }
 
 impl Default for Limits {
@@ -74,6 +77,7 @@ impl Default for Limits {
             max_embedding_inputs: 256,
             max_embedding_tokens: 65_536,
             max_packed_questions: 64,
+            max_model_len: None,
         }
     }
 }

@@ -287,13 +287,19 @@ fn abstention_temperature_ties_and_bad_input() {
     let (flat, t2) = top(4.0);
     assert!(sharp > flat, "{sharp} <= {flat}");
     assert_eq!((t1, t2), (0.5, 4.0));
-    // An enormous temperature makes every option equal: the earliest wins.
-    let tie = decide(
+    // The largest temperature flattens the options nearly to equal (the
+    // earliest wins an exact tie: `decide::top_option`'s unit test).
+    let flat = decide(
         &s,
-        &json!({"state": state, "questions": [q(json!({"temperature": 1e30}))]}),
+        &json!({"state": state, "questions": [q(json!({"temperature": 1000}))]}),
     );
-    assert_eq!(tie["answers"][0]["tie"], true);
-    assert_eq!(tie["answers"][0]["letter"], "A");
+    let p = flat["answers"][0]["probabilities"].as_object().unwrap();
+    let uniform = 1.0 / p.len() as f64;
+    assert!(
+        p.values()
+            .all(|v| (v.as_f64().unwrap() - uniform).abs() < 0.01),
+        "{flat}"
+    );
 
     let bad = |body: Value, param: &str| {
         let r = s.post_json("/v1/decide", &body);
@@ -321,6 +327,11 @@ fn abstention_temperature_ties_and_bad_input() {
         json!({"state": state, "questions": [q(json!({"temperature": 0}))]}),
         "questions[0].temperature",
     );
+    // Beyond the temperatures the answer's float32 can carry.
+    bad(
+        json!({"state": state, "questions": [q(json!({"temperature": 1e30}))]}),
+        "questions[0].temperature",
+    );
     bad(
         json!({"state": state, "questions": [q(json!({"abstain_below": 0}))]}),
         "questions[0].abstain_below",
@@ -339,8 +350,12 @@ fn abstention_temperature_ties_and_bad_input() {
         json!({"state": state, "questions": [q(json!({}))], "multi_question": "packed"}),
         "multi_question",
     );
-    bad(
-        json!({"state": state, "questions": [{"task": "intents"}]}),
-        "questions[0].task",
+    // A task no registration has is not found, as a model would be.
+    let r = s.post_json(
+        "/v1/decide",
+        &json!({"state": state, "questions": [{"task": "intents"}]}),
     );
+    assert_eq!(r.status, 404, "{}", r.text());
+    assert_eq!(r.json()["error"]["code"], "task_not_found");
+    assert_eq!(r.json()["error"]["param"], "questions[0].task");
 }

@@ -115,3 +115,195 @@ fn the_error_schema_is_declared() {
         );
     }
 }
+
+/// The field names a request type's `Deserialize` reads, as serde's derive
+/// passes them to `deserialize_struct`: the type's own list, so a field
+/// added to the code and not to the description (or the other way) fails.
+fn fields_of<T: serde::de::DeserializeOwned>() -> BTreeSet<String> {
+    use serde::de::{self, Visitor};
+    use std::cell::RefCell;
+
+    thread_local!(static SEEN: RefCell<Option<&'static [&'static str]>> = const { RefCell::new(None) });
+
+    struct Capture;
+    impl<'de> de::Deserializer<'de> for Capture {
+        type Error = de::value::Error;
+        fn deserialize_struct<V: Visitor<'de>>(
+            self,
+            _name: &'static str,
+            fields: &'static [&'static str],
+            _visitor: V,
+        ) -> Result<V::Value, Self::Error> {
+            SEEN.with(|s| *s.borrow_mut() = Some(fields));
+            Err(de::Error::custom("captured"))
+        }
+        fn deserialize_any<V: Visitor<'de>>(self, _visitor: V) -> Result<V::Value, Self::Error> {
+            Err(de::Error::custom("not a struct"))
+        }
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string
+            bytes byte_buf option unit unit_struct newtype_struct seq tuple
+            tuple_struct map enum identifier ignored_any
+        }
+    }
+    SEEN.with(|s| *s.borrow_mut() = None);
+    let _ = T::deserialize(Capture);
+    let fields = SEEN
+        .with(|s| *s.borrow())
+        .unwrap_or_else(|| panic!("{} is not a struct", std::any::type_name::<T>()));
+    fields.iter().map(|f| f.to_string()).collect()
+}
+
+/// The property names of the schema at `pointer` (a JSON pointer into
+/// the description, `$ref`s followed).
+fn properties_at(spec: &serde_json::Value, pointer: &str) -> BTreeSet<String> {
+    let mut schema = spec
+        .pointer(pointer)
+        .unwrap_or_else(|| panic!("{SPEC}: no {pointer}"));
+    while let Some(r) = schema.get("$ref").and_then(|r| r.as_str()) {
+        schema = spec
+            .pointer(r.trim_start_matches('#'))
+            .unwrap_or_else(|| panic!("{SPEC}: {pointer} refers to {r}, which is missing"));
+    }
+    schema
+        .get("properties")
+        .and_then(|p| p.as_object())
+        .unwrap_or_else(|| panic!("{SPEC}: {pointer} has no properties"))
+        .keys()
+        .cloned()
+        .collect()
+}
+
+#[test]
+fn every_request_schema_has_exactly_the_fields_the_server_reads() {
+    use decisio::server::types::*;
+    let spec = decisio::server::openapi::file();
+    let s = "/components/schemas";
+    let tasks = format!("{s}/TaskRequest/properties");
+    let pairs: Vec<(String, BTreeSet<String>)> = vec![
+        (
+            format!("{s}/ChatCompletionRequest"),
+            fields_of::<ChatCompletionRequest>(),
+        ),
+        (
+            format!("{s}/CompletionRequest"),
+            fields_of::<CompletionRequest>(),
+        ),
+        (
+            format!("{s}/EmbeddingRequest"),
+            fields_of::<EmbeddingRequest>(),
+        ),
+        (
+            format!("{s}/TokenizeRequest"),
+            fields_of::<TokenizeRequest>(),
+        ),
+        (
+            format!("{s}/DetokenizeRequest"),
+            fields_of::<DetokenizeRequest>(),
+        ),
+        (format!("{s}/DecideRequest"), fields_of::<DecideRequest>()),
+        (format!("{s}/DecideQuestion"), fields_of::<DecideQuestion>()),
+        (format!("{s}/DecisioRequest"), fields_of::<DecisioRequest>()),
+        (format!("{s}/StreamOptions"), fields_of::<StreamOptions>()),
+        (format!("{s}/TaskRequest"), fields_of::<TaskRequest>()),
+        (
+            format!("{tasks}/examples/items"),
+            fields_of::<TaskExampleIn>(),
+        ),
+        (format!("{tasks}/abstention"), fields_of::<AbstentionIn>()),
+        (format!("{tasks}/head"), fields_of::<TaskHeadIn>()),
+    ];
+    for (pointer, read) in pairs {
+        let described = properties_at(&spec, &pointer);
+        assert_eq!(
+            described, read,
+            "{SPEC} {pointer}: the described properties (left) differ from the fields the \
+             server reads (right)"
+        );
+    }
+}
+
+/// The numbers the validation code enforces are the description's.
+#[test]
+fn the_described_limits_are_the_enforced_ones() {
+    use decisio::route::decide::{LETTERS, MAX_QUESTIONS, TEMPERATURE_RANGE};
+    use decisio::settings::Limits;
+    use serde_json::json;
+    let spec = decisio::server::openapi::file();
+    let limits = Limits::default();
+    let s = "/components/schemas";
+    let at = |p: &str| {
+        spec.pointer(p)
+            .cloned()
+            .unwrap_or_else(|| panic!("{SPEC}: no {p}"))
+    };
+    for (pointer, enforced) in [
+        (
+            format!("{s}/DecideRequest/properties/questions/maxItems"),
+            json!(MAX_QUESTIONS),
+        ),
+        (
+            format!("{s}/DecisionOptions/maxItems"),
+            json!(LETTERS.len()),
+        ),
+        (
+            format!("{s}/DecisionTemperature/minimum"),
+            json!(TEMPERATURE_RANGE.0),
+        ),
+        (
+            format!("{s}/DecisionTemperature/maximum"),
+            json!(TEMPERATURE_RANGE.1),
+        ),
+        (format!("{s}/Stop/oneOf/2/maxItems"), json!(limits.max_stop)),
+        (
+            format!("{s}/Stop/oneOf/1/maxLength"),
+            json!(limits.max_stop_bytes),
+        ),
+        (
+            format!("{s}/EmbeddingRequest/properties/input/oneOf/1/maxItems"),
+            json!(limits.max_embedding_inputs),
+        ),
+        (
+            format!("{s}/CompletionRequest/properties/logprob_token_ids/maxItems"),
+            json!(limits.max_logprob_token_ids),
+        ),
+        (
+            format!("{s}/ChatCompletionRequest/properties/top_logprobs/maximum"),
+            json!(limits.max_logprobs),
+        ),
+        (
+            format!("{s}/TaskRequest/properties/labels/maxItems"),
+            json!(limits.max_task_labels),
+        ),
+        (
+            format!("{s}/TaskRequest/properties/examples/maxItems"),
+            json!(limits.max_task_examples),
+        ),
+        (
+            format!("{s}/TaskRequest/properties/draws/maximum"),
+            json!(limits.max_task_draws),
+        ),
+        (
+            format!("{s}/TaskRequest/properties/shots/maximum"),
+            json!(limits.max_task_examples),
+        ),
+        (
+            format!("{s}/TaskRequest/properties/name/pattern"),
+            json!(format!(
+                "^[A-Za-z0-9._-]{{1,{}}}$",
+                limits.max_task_name_bytes
+            )),
+        ),
+    ] {
+        let described = at(&pointer);
+        // 0.001 and 1e-3 are one number.
+        let same = match (described.as_f64(), enforced.as_f64()) {
+            (Some(a), Some(b)) => a == b,
+            _ => described == enforced,
+        };
+        assert!(
+            same,
+            "{SPEC} {pointer} is {described}; the server enforces {enforced}"
+        );
+    }
+}

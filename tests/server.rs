@@ -122,10 +122,28 @@ fn answers_and_refuses_bad_input() {
     let e = error_of(&s.post_json("/v1/chat/completions", &bad), 404);
     assert_eq!(e["code"], "model_not_found");
     error_of(&s.request("GET", "/v1/nothing", &[], None).unwrap(), 404);
-    error_of(
-        &s.request("GET", "/v1/chat/completions", &[], None).unwrap(),
-        405,
+    // RFC 9110: a 405 lists the methods the path takes; HEAD answers as
+    // GET without the body; OPTIONS lists the methods.
+    let r = s.request("GET", "/v1/chat/completions", &[], None).unwrap();
+    error_of(&r, 405);
+    assert_eq!(r.header("allow"), Some("POST, OPTIONS"));
+    let r = s.request("DELETE", "/v1/models", &[], None).unwrap();
+    assert_eq!(r.header("allow"), Some("GET, HEAD, OPTIONS"));
+    let r = s.request("OPTIONS", "/v1/tasks/x", &[], None).unwrap();
+    assert_eq!(
+        (r.status, r.header("allow")),
+        (204, Some("GET, HEAD, DELETE, OPTIONS"))
     );
+    let get = s.request("GET", "/v1/models", &[], None).unwrap();
+    let head = s.request("HEAD", "/v1/models", &[], None).unwrap();
+    assert_eq!((head.status, head.body.len()), (200, 0));
+    assert_eq!(
+        head.header("content-length").map(str::to_string),
+        Some(get.body.len().to_string())
+    );
+    // Without --api-key the served description asks for no key.
+    let doc = s.request("GET", "/openapi.json", &[], None).unwrap().json();
+    assert_eq!(doc["security"], json!([]));
 
     // Context length: the prompt alone, and prompt plus max_tokens.
     let long = "hello ".repeat(9000);
@@ -231,8 +249,17 @@ fn api_key_is_required_and_checked() {
         .unwrap(),
         401,
     );
-    error_of(&s.request("GET", "/v1/models", &wrong, None).unwrap(), 401);
+    let r = s.request("GET", "/v1/models", &wrong, None).unwrap();
+    error_of(&r, 401);
+    assert_eq!(r.header("www-authenticate"), Some("Bearer"));
     let right = [("Authorization", "Bearer sesame")];
+    // The served description says the key is required, except where it is not.
+    let doc = s
+        .request("GET", "/openapi.json", &right, None)
+        .unwrap()
+        .json();
+    assert_eq!(doc["security"], json!([{"bearerAuth": []}]));
+    assert_eq!(doc["paths"]["/metrics"]["get"]["security"], json!([]));
     let r = s
         .request(
             "POST",

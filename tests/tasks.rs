@@ -54,17 +54,26 @@ fn task(s: &Server, id: &str) -> Value {
     r.json()
 }
 
-/// Polls the task until `done` says stop; returns the last view.
-fn wait_for(s: &Server, id: &str, limit: Duration, done: impl Fn(&Value) -> bool) -> Value {
-    let start = Instant::now();
+/// Polls the task until `done` says stop; returns the last view. Fails
+/// when the task stops moving (neither its status nor its progress
+/// changes) for `stall`: a slow machine only makes it wait longer, a hung
+/// registration still fails.
+fn wait_for(s: &Server, id: &str, stall: Duration, done: impl Fn(&Value) -> bool) -> Value {
+    let mut moved = Instant::now();
+    let mut last = (Value::Null, Value::Null);
     loop {
         let t = task(s, id);
         if done(&t) {
             return t;
         }
+        let now = (t["status"].clone(), t["progress"]["done"].clone());
+        if now != last {
+            last = now;
+            moved = Instant::now();
+        }
         assert!(
-            start.elapsed() < limit,
-            "the task did not get there within {limit:?}: {t}"
+            moved.elapsed() < stall,
+            "the task did not move for {stall:?}: {t}"
         );
         std::thread::sleep(Duration::from_millis(200));
     }
@@ -431,7 +440,11 @@ fn bad_registrations_are_refused_naming_the_field() {
     // A long registration runs; the next one waits behind it, queued.
     let first = register(&s, &registration("mmlu", mmlu_examples(40)));
     let second = register(&s, &good);
-    bad(good.clone(), "name");
+    // A name taken is a conflict with what the server holds: 409.
+    let r = s.post_json("/v1/tasks", &good);
+    assert_eq!(r.status, 409, "{}", r.text());
+    assert_eq!(r.json()["error"]["code"], "task_exists");
+    assert_eq!(error_param(&r), "name");
     let queued = task(&s, &second);
     assert_eq!(queued["status"], "queued", "{queued}");
     let asks = |name: &str| {
@@ -446,11 +459,13 @@ fn bad_registrations_are_refused_naming_the_field() {
         .as_str()
         .unwrap()
         .contains("queued"));
+    // A task no registration has is not found, as a model would be.
     let r = asks("unknown");
-    assert_eq!(r.status, 400);
+    assert_eq!(r.status, 404);
+    assert_eq!(r.json()["error"]["code"], "task_not_found");
     assert_eq!(error_param(&r), "questions[0].task");
 
-    // DELETE cancels a pending registration, then removes the task.
+    // DELETE removes a task, cancelling a pending registration first.
     let delete = |id: &str| {
         let r = s
             .request("DELETE", &format!("/v1/tasks/{id}"), &[], None)
@@ -458,22 +473,21 @@ fn bad_registrations_are_refused_naming_the_field() {
         assert_eq!(r.status, 200, "{}", r.text());
         r.json()
     };
-    assert_eq!(delete(&second)["status"], "cancelled");
-    let r = asks("yesno");
-    assert_eq!(r.status, 409);
-    assert!(r.json()["error"]["message"]
-        .as_str()
-        .unwrap()
-        .contains("cancelled"));
-    assert_eq!(delete(&second)["deleted"], true);
+    assert_eq!(
+        delete(&second),
+        json!({"id": second, "object": "task.deleted", "deleted": true, "cancelled": true})
+    );
+    assert_eq!(asks("yesno").status, 404);
     assert_eq!(get(&s, &format!("/v1/tasks/{second}")).status, 404);
     assert!(!dir.join(format!("tasks/{second}.json")).exists());
     // The running one stops between two examples.
-    wait_for(&s, &first, Duration::from_secs(120), |t| {
+    let running = wait_for(&s, &first, Duration::from_secs(120), |t| {
         t["progress"]["done"].as_u64().unwrap() >= 1
     });
-    let cancelled = delete(&first);
-    assert_eq!(cancelled["status"], "cancelled");
+    assert_eq!(running["status"], "running");
+    let scored = || metric(&s, "decisio_task_registration_examples_total");
+    assert_eq!(delete(&first)["cancelled"], true);
+    let scored_at_delete = scored();
     assert_eq!(
         metric(
             &s,
@@ -493,10 +507,19 @@ fn bad_registrations_are_refused_naming_the_field() {
     });
     assert_eq!(failed["status"], "failed", "{failed}");
     // Registrations run one at a time: the worker took the next one, so it
-    // has left the cancelled one, which stopped short of its 40 examples.
-    let after = task(&s, &first);
-    assert_eq!(after["status"], "cancelled");
-    assert!(after["progress"]["done"].as_u64().unwrap() < 40, "{after}");
+    // has left the deleted one, which stopped short of its 40 examples (at
+    // most the one in hand when it was deleted was scored after), and left
+    // none of its files behind.
+    assert_eq!(get(&s, &format!("/v1/tasks/{first}")).status, 404);
+    assert!(scored() <= scored_at_delete + 2.0, "{}", scored());
+    assert!(scored_at_delete < 40.0);
+    let leftovers: Vec<_> = std::fs::read_dir(dir.join("tasks"))
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().contains(first.as_str()))
+        .map(|e| e.file_name())
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
     assert!(
         failed["error"].as_str().unwrap().contains("examples[1]"),
         "{failed}"
@@ -651,11 +674,12 @@ fn the_register_command_shows_progress_and_the_figures() {
         stdout.contains("abstain below") || stdout.contains("is not reached"),
         "{stdout}"
     );
-    // A refused registration fails and says which field.
+    // A refused registration (the name is taken: a conflict) fails and
+    // says which field.
     let out = register(&file);
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("400 (name)"), "{stderr}");
+    assert!(stderr.contains("409 (name)"), "{stderr}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -22,6 +22,9 @@ pub struct ModelInfo {
     pub context_length: usize,
     /// Rows of the output projection.
     pub vocab_size: usize,
+    /// The width of the hidden states (`hidden_size` of config.json), the
+    /// embeddings' dimensions; `None` where config.json does not say.
+    pub hidden_size: Option<usize>,
     /// The architecture (`model_type` of config.json).
     pub architecture: String,
     /// What identifies the weights (a digest of config.json and the weight

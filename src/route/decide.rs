@@ -20,6 +20,12 @@ pub const LETTERS: [&str; 26] = [
     "T", "U", "V", "W", "X", "Y", "Z",
 ];
 
+/// The letters' temperatures a question may ask for. Beyond them the
+/// probabilities are 0 and 1, or uniform, to f32's precision for any
+/// logits a model gives, and the temperature itself would not survive
+/// the f32 of the answer (1e-45 is 0).
+pub const TEMPERATURE_RANGE: (f64, f64) = (1e-3, 1e3);
+
 /// Most questions in one request.
 pub const MAX_QUESTIONS: usize = 256;
 
@@ -203,10 +209,11 @@ pub fn check_question(q: &Question, param: &str) -> Result<(), RouteError> {
         }
     }
     if let Some(t) = q.temperature {
-        if !(t > 0.0 && t.is_finite()) {
+        let (lo, hi) = TEMPERATURE_RANGE;
+        if !(lo..=hi).contains(&t) {
             return Err(invalid(
                 &format!("{param}.temperature"),
-                format!("temperature must be a finite number above 0; got {t}"),
+                format!("temperature must be between {lo} and {hi}; got {t}"),
             ));
         }
     }
@@ -838,6 +845,10 @@ mod tests {
         bad(q("Is it?", &["yes", "no", "yes"]), "q.options[2]");
         let mut t = q("Is it?", &["yes", "no"]);
         t.temperature = Some(0.0);
+        bad(t.clone(), "q.temperature");
+        t.temperature = Some(5e-324);
+        bad(t.clone(), "q.temperature");
+        t.temperature = Some(1e4);
         bad(t, "q.temperature");
         let mut a = q("Is it?", &["yes", "no"]);
         a.abstain_below = Some(1.5);

@@ -158,8 +158,12 @@ impl TextRoute {
         self.engine.as_ref()
     }
 
+    /// The model's context, or `--max-model-len` where that is smaller.
     pub fn context_length(&self) -> usize {
-        self.engine.info().context_length
+        let model = self.engine.info().context_length;
+        self.limits
+            .max_model_len
+            .map_or(model, |cap| cap.min(model))
     }
 
     /// Renders chat messages into the prompt text.

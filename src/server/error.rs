@@ -32,16 +32,26 @@ pub enum ApiError {
          GET /v1/models lists the one it serves."
     )]
     ModelNotFound(String),
+    /// 404 with code `task_not_found`: a question names a task that is
+    /// not registered (`param` names the field).
+    #[error("{message}")]
+    TaskNotFound { message: String, param: String },
     /// 404: no such route.
     #[error("{0}")]
     NotFound(String),
-    /// 405: a route called with the wrong method.
-    #[error("{0}")]
-    MethodNotAllowed(String),
-    /// 409: a task that exists but cannot answer (not ready, failed,
-    /// cancelled); `param` names the field that named it.
+    /// 405: a route called with a method it does not take; `allow` is
+    /// the `Allow` header, the methods it takes (RFC 9110 §15.5.6).
     #[error("{message}")]
-    Conflict { message: String, param: String },
+    MethodNotAllowed { message: String, allow: String },
+    /// 409: valid, but not with what the server holds: a task that cannot
+    /// answer (not ready, failed, cancelled), a task name already taken,
+    /// the limit of tasks reached. `param` names the field.
+    #[error("{message}")]
+    Conflict {
+        message: String,
+        param: String,
+        code: &'static str,
+    },
     /// 413: the body is over the configured limit.
     #[error("The request body is larger than the limit of {0} bytes (--max-body-mb).")]
     PayloadTooLarge(usize),
@@ -91,7 +101,9 @@ impl ApiError {
     fn kind(&self) -> &'static str {
         match self {
             ApiError::Unauthorized(_) => "authentication_error",
-            ApiError::NotFound(_) | ApiError::ModelNotFound(_) => "not_found_error",
+            ApiError::NotFound(_) | ApiError::ModelNotFound(_) | ApiError::TaskNotFound { .. } => {
+                "not_found_error"
+            }
             ApiError::Unavailable { .. } => "service_unavailable_error",
             ApiError::Internal(_) | ApiError::BadGateway(_) | ApiError::GatewayTimeout(_) => {
                 "server_error"
@@ -105,8 +117,9 @@ impl ApiError {
             ApiError::ContextLength { .. } => "context_length_exceeded",
             ApiError::Unauthorized(_) => "invalid_api_key",
             ApiError::ModelNotFound(_) => "model_not_found",
+            ApiError::TaskNotFound { .. } => "task_not_found",
             ApiError::PayloadTooLarge(_) => "request_too_large",
-            ApiError::Conflict { .. } => "task_not_ready",
+            ApiError::Conflict { code, .. } => code,
             ApiError::Unavailable { code, .. } => code,
             ApiError::BadGateway(_) => "upstream_error",
             ApiError::GatewayTimeout(_) => "upstream_timeout",
@@ -118,7 +131,7 @@ impl ApiError {
         match self {
             ApiError::BadRequest { param, .. } => param.as_deref(),
             ApiError::ContextLength { param, .. } => Some(param),
-            ApiError::Conflict { param, .. } => Some(param),
+            ApiError::Conflict { param, .. } | ApiError::TaskNotFound { param, .. } => Some(param),
             ApiError::ModelNotFound(_) => Some("model"),
             _ => None,
         }
@@ -143,8 +156,10 @@ impl ResponseError for ApiError {
         match self {
             ApiError::BadRequest { .. } | ApiError::ContextLength { .. } => StatusCode::BAD_REQUEST,
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
-            ApiError::ModelNotFound(_) | ApiError::NotFound(_) => StatusCode::NOT_FOUND,
-            ApiError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::ModelNotFound(_) | ApiError::NotFound(_) | ApiError::TaskNotFound { .. } => {
+                StatusCode::NOT_FOUND
+            }
+            ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Conflict { .. } => StatusCode::CONFLICT,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -157,8 +172,18 @@ impl ResponseError for ApiError {
 
     fn error_response(&self) -> HttpResponse {
         let mut response = HttpResponse::build(self.status_code());
-        if let ApiError::Unavailable { .. } = self {
-            response.insert_header(("Retry-After", "1"));
+        match self {
+            ApiError::Unavailable { .. } => {
+                response.insert_header(("Retry-After", "1"));
+            }
+            // RFC 9110 §11.6.1: a 401 says which scheme it wants.
+            ApiError::Unauthorized(_) => {
+                response.insert_header(("WWW-Authenticate", "Bearer"));
+            }
+            ApiError::MethodNotAllowed { allow, .. } => {
+                response.insert_header(("Allow", allow.as_str()));
+            }
+            _ => {}
         }
         response.json(self.body())
     }
@@ -208,7 +233,22 @@ impl From<TaskError> for ApiError {
                 param: Some(param),
             },
             TaskError::NotFound(_) => ApiError::NotFound(e.to_string()),
-            TaskError::NotReady { param, message } => ApiError::Conflict { message, param },
+            TaskError::UnknownName { param, message } => ApiError::TaskNotFound { message, param },
+            TaskError::NotReady { param, message } => ApiError::Conflict {
+                message,
+                param,
+                code: "task_not_ready",
+            },
+            TaskError::Taken { param, message } => ApiError::Conflict {
+                message,
+                param,
+                code: "task_exists",
+            },
+            TaskError::Full { param, message } => ApiError::Conflict {
+                message,
+                param,
+                code: "task_limit_reached",
+            },
             TaskError::Store(m) => ApiError::Internal(m),
         }
     }

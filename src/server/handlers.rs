@@ -16,7 +16,7 @@ use crate::engine::{EngineError, EngineStatus};
 use crate::route::{
     Answer, Decision, GenerationStream, Output, State as RouteState, TokenChoice, TokenOutput,
 };
-use crate::tasks::{Deleted, Kind, TaskRecord};
+use crate::tasks::{Kind, TaskRecord};
 
 type Result<T> = std::result::Result<T, ApiError>;
 
@@ -32,20 +32,27 @@ fn new_id(prefix: &str) -> String {
 
 pub async fn not_found(req: HttpRequest) -> HttpResponse {
     ApiError::NotFound(format!(
-        "There is no route {} {}; see openapi/openapi.yaml for the routes this server has.",
+        "There is no route {} {}; GET /openapi.json describes the routes this server has.",
         req.method(),
         req.path()
     ))
     .error_response()
 }
 
-pub async fn method_not_allowed(req: HttpRequest) -> HttpResponse {
-    ApiError::MethodNotAllowed(format!(
-        "{} does not take {}; see openapi/openapi.yaml.",
-        req.path(),
-        req.method()
-    ))
+pub fn method_not_allowed(req: HttpRequest, allow: String) -> HttpResponse {
+    ApiError::MethodNotAllowed {
+        message: format!(
+            "{} does not take {}; it takes {allow}.",
+            req.path(),
+            req.method()
+        ),
+        allow,
+    }
     .error_response()
+}
+
+pub async fn openapi(state: web::Data<AppState>) -> HttpResponse {
+    HttpResponse::Ok().json(super::openapi::document(&state.served()))
 }
 
 pub async fn health(state: web::Data<AppState>) -> Result<HttpResponse> {
@@ -829,8 +836,8 @@ pub async fn get_task(id: web::Path<String>, state: web::Data<AppState>) -> Resu
     Ok(HttpResponse::Ok().json(task_out(&state.tasks.get(&id)?)))
 }
 
-/// `DELETE /v1/tasks/{id}`: cancels a pending registration (the task stays,
-/// `cancelled`), or removes a finished task.
+/// `DELETE /v1/tasks/{id}`: removes the task, cancelling its registration
+/// first when it is queued or running.
 pub async fn delete_task(
     id: web::Path<String>,
     state: web::Data<AppState>,
@@ -840,12 +847,10 @@ pub async fn delete_task(
     let deleted = web::block(move || tasks.delete(&id))
         .await
         .map_err(|e| ApiError::Internal(e.to_string()))??;
-    Ok(match deleted {
-        Deleted::Cancelled(r) => HttpResponse::Ok().json(task_out(&r)),
-        Deleted::Removed(r) => HttpResponse::Ok().json(TaskDeleted {
-            id: r.id,
-            object: "task.deleted",
-            deleted: true,
-        }),
-    })
+    Ok(HttpResponse::Ok().json(TaskDeleted {
+        id: deleted.record.id,
+        object: "task.deleted",
+        deleted: true,
+        cancelled: deleted.cancelled,
+    }))
 }

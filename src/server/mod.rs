@@ -10,13 +10,14 @@ mod body;
 pub mod error;
 mod handlers;
 mod observe;
+pub mod openapi;
 pub mod types;
 pub mod validate;
 
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use actix_web::{middleware, web, App, HttpServer};
+use actix_web::{guard, middleware, web, App, HttpRequest, HttpResponse, HttpServer};
 
 pub use error::ApiError;
 
@@ -60,6 +61,21 @@ impl AppState {
         }
     }
 
+    /// What `GET /openapi.json` says of this server, read when asked (a
+    /// vLLM backend learns its context from its upstreams).
+    pub fn served(&self) -> openapi::Served {
+        let caps = self.route.engine().capabilities();
+        openapi::Served {
+            api_key: self.api_key.is_some(),
+            vocab_size: self.route.engine().info().vocab_size,
+            context_length: self.route.context_length(),
+            max_logprobs: self.limits.max_logprobs,
+            hidden_size: self.route.engine().info().hidden_size,
+            modes: caps.modes.iter().map(|m| m.as_str()).collect(),
+            hidden_layers: self.route.engine().hidden_layers(),
+        }
+    }
+
     /// A request may name the served model or leave it out.
     pub fn check_model(&self, model: Option<&str>) -> Result<(), ApiError> {
         match model {
@@ -91,7 +107,23 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/v1/tasks"),
     ("GET", "/v1/tasks/{id}"),
     ("DELETE", "/v1/tasks/{id}"),
+    ("GET", "/openapi.json"),
 ];
+
+/// The methods `path` takes, as its `Allow` header: the methods of its
+/// routes, HEAD wherever GET is (answered as GET, without the body) and
+/// OPTIONS (answered 204 with this header), as RFC 9110 §9.3 has them.
+pub fn allowed_methods(path: &str) -> String {
+    let mut methods: Vec<&str> = Vec::new();
+    for &(method, _) in ROUTES.iter().filter(|(_, p)| *p == path) {
+        methods.push(method);
+        if method == "GET" {
+            methods.push("HEAD");
+        }
+    }
+    methods.push("OPTIONS");
+    methods.join(", ")
+}
 
 /// Registers every route of [`ROUTES`], one resource per path.
 pub fn configure(cfg: &mut web::ServiceConfig) {
@@ -102,10 +134,11 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         }
     }
     for path in paths {
+        let allow = allowed_methods(path);
         let mut resource = web::resource(path);
         for &(method, _) in ROUTES.iter().filter(|(_, p)| *p == path) {
             let route = match method {
-                "GET" => web::get(),
+                "GET" => web::route().guard(guard::Any(guard::Get()).or(guard::Head())),
                 "DELETE" => web::delete(),
                 _ => web::post(),
             };
@@ -123,11 +156,24 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
                 ("GET", "/v1/tasks") => route.to(handlers::list_tasks),
                 ("GET", "/v1/tasks/{id}") => route.to(handlers::get_task),
                 ("DELETE", "/v1/tasks/{id}") => route.to(handlers::delete_task),
+                (_, "/openapi.json") => route.to(handlers::openapi),
                 other => unreachable!("no handler for {other:?}"),
             };
             resource = resource.route(route);
         }
-        cfg.service(resource.default_service(web::to(handlers::method_not_allowed)));
+        let options_allow = allow.clone();
+        resource = resource.route(web::route().guard(guard::Options()).to(move || {
+            let allow = options_allow.clone();
+            async move {
+                HttpResponse::NoContent()
+                    .insert_header(("Allow", allow))
+                    .finish()
+            }
+        }));
+        cfg.service(resource.default_service(web::to(move |req: HttpRequest| {
+            let allow = allow.clone();
+            async move { handlers::method_not_allowed(req, allow) }
+        })));
     }
 }
 

@@ -12,6 +12,69 @@ fn null_is_false<'de, D: serde::Deserializer<'de>>(d: D) -> Result<bool, D::Erro
     Ok(Option::<bool>::deserialize(d)?.unwrap_or(false))
 }
 
+/// Integers as JSON Schema and vLLM's request models (pydantic, lax mode)
+/// read them: `3` and `3.0` are the integer 3; `3.5` is refused. Used with
+/// `deserialize_with` on every integer field of a request.
+mod int {
+    use serde::de::{self, Deserializer, Visitor};
+    use serde::Deserialize;
+
+    struct Int(i64);
+
+    impl<'de> Deserialize<'de> for Int {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            struct IntVisitor;
+            impl Visitor<'_> for IntVisitor {
+                type Value = Int;
+                fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                    f.write_str("an integer")
+                }
+                fn visit_i64<E: de::Error>(self, v: i64) -> Result<Int, E> {
+                    Ok(Int(v))
+                }
+                fn visit_u64<E: de::Error>(self, v: u64) -> Result<Int, E> {
+                    i64::try_from(v)
+                        .map(Int)
+                        .map_err(|_| E::invalid_value(de::Unexpected::Unsigned(v), &self))
+                }
+                fn visit_f64<E: de::Error>(self, v: f64) -> Result<Int, E> {
+                    // Only where every integer is a float: an integer
+                    // literal beyond i64 also arrives here, rounded.
+                    const EXACT: f64 = 9_007_199_254_740_992.0; // 2^53
+                    if v.fract() == 0.0 && v.abs() <= EXACT {
+                        Ok(Int(v as i64))
+                    } else {
+                        Err(E::invalid_value(de::Unexpected::Float(v), &self))
+                    }
+                }
+            }
+            d.deserialize_any(IntVisitor)
+        }
+    }
+
+    pub fn opt<'de, D: Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error> {
+        Ok(Option::<Int>::deserialize(d)?.map(|i| i.0))
+    }
+
+    pub fn list<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<i64>, D::Error> {
+        Ok(Vec::<Int>::deserialize(d)?
+            .into_iter()
+            .map(|i| i.0)
+            .collect())
+    }
+
+    pub fn opt_list<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Vec<i64>>, D::Error> {
+        Ok(Option::<Vec<Int>>::deserialize(d)?.map(|l| l.into_iter().map(|i| i.0).collect()))
+    }
+
+    pub fn lists<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Vec<i64>>, D::Error> {
+        Ok(Vec::<Vec<Int>>::deserialize(d)?
+            .into_iter()
+            .map(|l| l.into_iter().map(|i| i.0).collect())
+            .collect())
+    }
+}
+
 /// `stop`: one string or a list.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(untagged)]
@@ -23,8 +86,24 @@ pub enum StopSpec {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StreamOptions {
-    #[serde(default, deserialize_with = "null_is_false")]
-    pub include_usage: bool,
+    /// `Some` when the field was sent (`null` reads as `false`).
+    #[serde(default, deserialize_with = "present_bool")]
+    pub include_usage: Option<bool>,
+}
+
+impl StreamOptions {
+    /// Whether the object has a field: vLLM 0.33 refuses `stream_options`
+    /// without `stream` only then (`if data.get("stream_options")`, an
+    /// empty object being false; entrypoints/openai/*/protocol.py).
+    pub fn is_set(&self) -> bool {
+        self.include_usage.is_some()
+    }
+}
+
+/// A boolean that may be `null` (read as `false`), remembering that it
+/// was sent.
+fn present_bool<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<bool>, D::Error> {
+    Ok(Some(Option::<bool>::deserialize(d)?.unwrap_or(false)))
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -32,18 +111,23 @@ pub struct StreamOptions {
 pub struct ChatCompletionRequest {
     pub model: Option<String>,
     pub messages: Vec<Value>,
+    #[serde(default, deserialize_with = "int::opt")]
     pub max_tokens: Option<i64>,
+    #[serde(default, deserialize_with = "int::opt")]
     pub max_completion_tokens: Option<i64>,
     pub temperature: Option<f64>,
     pub top_p: Option<f64>,
+    #[serde(default, deserialize_with = "int::opt")]
     pub n: Option<i64>,
     #[serde(default, deserialize_with = "null_is_false")]
     pub stream: bool,
     pub stream_options: Option<StreamOptions>,
     pub stop: Option<StopSpec>,
+    #[serde(default, deserialize_with = "int::opt")]
     pub seed: Option<i64>,
     #[serde(default, deserialize_with = "null_is_false")]
     pub logprobs: bool,
+    #[serde(default, deserialize_with = "int::opt")]
     pub top_logprobs: Option<i64>,
     pub presence_penalty: Option<f64>,
     pub frequency_penalty: Option<f64>,
@@ -67,9 +151,9 @@ pub struct ChatCompletionRequest {
 #[serde(untagged)]
 pub enum PromptSpec {
     Text(String),
-    Tokens(Vec<i64>),
+    Tokens(#[serde(deserialize_with = "int::list")] Vec<i64>),
     TextBatch(Vec<String>),
-    TokensBatch(Vec<Vec<i64>>),
+    TokensBatch(#[serde(deserialize_with = "int::lists")] Vec<Vec<i64>>),
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -77,21 +161,26 @@ pub enum PromptSpec {
 pub struct CompletionRequest {
     pub model: Option<String>,
     pub prompt: PromptSpec,
+    #[serde(default, deserialize_with = "int::opt")]
     pub max_tokens: Option<i64>,
     pub temperature: Option<f64>,
     pub top_p: Option<f64>,
+    #[serde(default, deserialize_with = "int::opt")]
     pub n: Option<i64>,
     #[serde(default, deserialize_with = "null_is_false")]
     pub stream: bool,
     pub stream_options: Option<StreamOptions>,
     pub stop: Option<StopSpec>,
+    #[serde(default, deserialize_with = "int::opt")]
     pub seed: Option<i64>,
+    #[serde(default, deserialize_with = "int::opt")]
     pub logprobs: Option<i64>,
     #[serde(default, deserialize_with = "null_is_false")]
     pub echo: bool,
     pub presence_penalty: Option<f64>,
     pub frequency_penalty: Option<f64>,
     pub logit_bias: Option<Map<String, Value>>,
+    #[serde(default, deserialize_with = "int::opt")]
     pub best_of: Option<i64>,
     pub suffix: Option<String>,
     pub user: Option<String>,
@@ -99,6 +188,7 @@ pub struct CompletionRequest {
     pub ignore_eos: bool,
     /// vLLM's extension: the log-probabilities of these token ids at each
     /// generated position, in place of the most likely ones.
+    #[serde(default, deserialize_with = "int::opt_list")]
     pub logprob_token_ids: Option<Vec<i64>>,
     /// vLLM's extension: name tokens in `logprobs` as `token_id:N`.
     #[serde(default, deserialize_with = "null_is_false")]
@@ -119,6 +209,7 @@ pub struct EmbeddingRequest {
     /// `float` (the default) or `base64` (little-endian float32 bytes).
     pub encoding_format: Option<String>,
     /// Served only when equal to the hidden size (nothing is shortened).
+    #[serde(default, deserialize_with = "int::opt")]
     pub dimensions: Option<i64>,
     pub user: Option<String>,
     /// Add the tokenizer's special tokens to text inputs (default: true,
@@ -183,6 +274,7 @@ pub struct TokenizeResponse {
 #[serde(deny_unknown_fields)]
 pub struct DetokenizeRequest {
     pub model: Option<String>,
+    #[serde(deserialize_with = "int::list")]
     pub tokens: Vec<i64>,
 }
 
@@ -454,6 +546,7 @@ pub struct TaskRequest {
     pub examples: Vec<TaskExampleIn>,
     /// Share of the examples held out for the figures (default 0.2).
     pub holdout: Option<f64>,
+    #[serde(default, deserialize_with = "int::opt")]
     pub seed: Option<i64>,
     pub abstention: Option<AbstentionIn>,
     /// An intent task's head: `{"layer": -1}` (the final norm's output,
@@ -461,13 +554,16 @@ pub struct TaskRequest {
     pub head: Option<TaskHeadIn>,
     /// Heads fitted on `draws` draws of `shots` examples per label (intent
     /// tasks; both or neither).
+    #[serde(default, deserialize_with = "int::opt")]
     pub draws: Option<i64>,
+    #[serde(default, deserialize_with = "int::opt")]
     pub shots: Option<i64>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TaskHeadIn {
+    #[serde(default, deserialize_with = "int::opt")]
     pub layer: Option<i64>,
 }
 
@@ -534,4 +630,37 @@ pub struct TaskDeleted {
     pub id: String,
     pub object: &'static str,
     pub deleted: bool,
+    /// Whether a queued or running registration was cancelled.
+    pub cancelled: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn detok(body: &str) -> Result<Vec<i64>, String> {
+        serde_json::from_str::<DetokenizeRequest>(body)
+            .map(|r| r.tokens)
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn integers_may_be_written_without_a_fraction() {
+        assert_eq!(detok(r#"{"tokens": [1, 2.0, -3.0]}"#).unwrap(), [1, 2, -3]);
+        assert_eq!(
+            detok(r#"{"tokens": [-9223372036854775808]}"#).unwrap(),
+            [i64::MIN]
+        );
+        // A fraction, or an integer literal beyond i64 (read as a rounded
+        // float), is refused.
+        assert!(detok(r#"{"tokens": [2.5]}"#).is_err());
+        assert!(detok(r#"{"tokens": [-9223372036854775809]}"#).is_err());
+        assert!(detok(r#"{"tokens": [18446744073709551616]}"#).is_err());
+        assert!(detok(r#"{"tokens": [1e300]}"#).is_err());
+        let req: ChatCompletionRequest =
+            serde_json::from_str(r#"{"messages": [], "max_tokens": 16.0, "seed": null}"#).unwrap();
+        assert_eq!((req.max_tokens, req.seed), (Some(16), None));
+        let req: CompletionRequest = serde_json::from_str(r#"{"prompt": [[5.0, 6]]}"#).unwrap();
+        assert!(matches!(req.prompt, PromptSpec::TokensBatch(ref v) if v == &[vec![5, 6]]));
+    }
 }

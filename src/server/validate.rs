@@ -6,7 +6,7 @@ use serde_json::{Map, Value};
 use super::error::ApiError;
 use super::types::{
     ChatCompletionRequest, CompletionRequest, DecideRequest, DecisioRequest, EmbeddingInput,
-    EmbeddingRequest, PromptSpec, StopSpec, TaskRequest,
+    EmbeddingRequest, PromptSpec, StopSpec, StreamOptions, TaskRequest,
 };
 use crate::engine::{MultiQuestion, Sampling};
 use crate::route::decide::{check_question, MAX_QUESTIONS};
@@ -157,7 +157,12 @@ fn single_choice(n: Option<i64>) -> Result<(), ApiError> {
 fn flatten_content(content: &Value, i: usize) -> Result<Value, ApiError> {
     let param = format!("messages[{i}].content");
     match content {
-        Value::String(_) | Value::Null => Ok(content.clone()),
+        Value::String(_) => Ok(content.clone()),
+        // As vLLM 0.33 reads it for a template that takes text
+        // (renderers/chat_utils/chat_message.py: `None` becomes no parts,
+        // joined into ""): a message without content, such as an
+        // assistant's tool call, has empty content.
+        Value::Null => Ok(Value::String(String::new())),
         Value::Array(parts) => {
             let mut texts = Vec::with_capacity(parts.len());
             for (j, part) in parts.iter().enumerate() {
@@ -323,13 +328,15 @@ pub fn chat(req: &ChatCompletionRequest, limits: &Limits) -> Result<ChatJob, Api
         }
     }
     let logprobs = match (req.logprobs, req.top_logprobs) {
+        // As vLLM 0.33 (chat_completion/protocol.py, `check_logprobs`):
+        // 0 alternatives need no `logprobs`.
+        (false, Some(0) | None) => None,
         (false, Some(_)) => {
             return Err(ApiError::invalid(
                 "top_logprobs",
-                "`top_logprobs` needs `logprobs: true`",
+                "`top_logprobs` above 0 needs `logprobs: true`",
             ))
         }
-        (false, None) => None,
         (true, k) => Some(int_in(
             k.unwrap_or(0),
             0,
@@ -345,12 +352,7 @@ pub fn chat(req: &ChatCompletionRequest, limits: &Limits) -> Result<ChatJob, Api
     }
     let max = max_tokens(req.max_completion_tokens, "max_completion_tokens")?
         .or(max_tokens(req.max_tokens, "max_tokens")?);
-    if req.stream_options.is_some() && !req.stream {
-        return Err(ApiError::invalid(
-            "stream_options",
-            "`stream_options` needs `stream: true`",
-        ));
-    }
+    stream_options(req.stream_options.as_ref(), req.stream)?;
     Ok(ChatJob {
         messages: messages(&req.messages)?,
         add_generation_prompt: req.add_generation_prompt.unwrap_or(true),
@@ -365,7 +367,10 @@ pub fn chat(req: &ChatCompletionRequest, limits: &Limits) -> Result<ChatJob, Api
             logprob_token_ids: Vec::new(),
             prompt_field: "messages",
         },
-        include_usage: req.stream_options.as_ref().is_some_and(|o| o.include_usage),
+        include_usage: req
+            .stream_options
+            .as_ref()
+            .is_some_and(|o| o.include_usage == Some(true)),
     })
 }
 
@@ -403,6 +408,16 @@ pub fn embeddings(req: &EmbeddingRequest, limits: &Limits) -> Result<EmbeddingJo
         EmbeddingInputs::Text(v) => v.len(),
         EmbeddingInputs::Tokens(v) => v.len(),
     };
+    // Refused on every model, also where special tokens would give an
+    // empty text a token: an embedding of nothing is no one's intent.
+    if let EmbeddingInputs::Text(v) = &inputs {
+        if let Some(i) = v.iter().position(String::is_empty) {
+            return Err(ApiError::invalid(
+                "input",
+                format!("input {i} is an empty string; an embedding needs text"),
+            ));
+        }
+    }
     if n == 0 || n > limits.max_embedding_inputs {
         return Err(ApiError::invalid(
             "input",
@@ -532,16 +547,16 @@ pub fn completion(req: &CompletionRequest, limits: &Limits) -> Result<Completion
             ))
         }
     };
+    // Refused on every model, also where the tokenizer's BOS would give an
+    // empty text a token, so the description can say it plainly.
+    if matches!(&prompt, PromptInput::Text(t) if t.is_empty()) {
+        return Err(ApiError::invalid("prompt", "the prompt is empty"));
+    }
     let logprobs = req
         .logprobs
         .map(|k| int_in(k, 0, limits.max_logprobs as i64, "logprobs").map(|k| k as usize))
         .transpose()?;
-    if req.stream_options.is_some() && !req.stream {
-        return Err(ApiError::invalid(
-            "stream_options",
-            "`stream_options` needs `stream: true`",
-        ));
-    }
+    stream_options(req.stream_options.as_ref(), req.stream)?;
     let max = match req.max_tokens {
         // The legacy API's default.
         None => Some(16),
@@ -587,8 +602,23 @@ pub fn completion(req: &CompletionRequest, limits: &Limits) -> Result<Completion
             logprob_token_ids,
             prompt_field: "prompt",
         },
-        include_usage: req.stream_options.as_ref().is_some_and(|o| o.include_usage),
+        include_usage: req
+            .stream_options
+            .as_ref()
+            .is_some_and(|o| o.include_usage == Some(true)),
     })
+}
+
+/// `stream_options` with a field needs `stream: true`; an empty object is
+/// taken without it, as vLLM 0.33 does.
+fn stream_options(options: Option<&StreamOptions>, stream: bool) -> Result<(), ApiError> {
+    if options.is_some_and(StreamOptions::is_set) && !stream {
+        return Err(ApiError::invalid(
+            "stream_options",
+            "`stream_options` needs `stream: true`",
+        ));
+    }
+    Ok(())
 }
 
 /// `multi_question`: one of the mode names; whether the backend runs it is
@@ -630,6 +660,8 @@ pub fn decide(
         .map(|(i, q)| {
             let param = format!("questions[{i}]");
             if let Some(name) = &q.task {
+                // The request's shape first, then what the server holds.
+                task_alone(q.text.is_some(), q.options.is_some(), &param)?;
                 let question = tasks.question(
                     name,
                     q.id.clone(),
@@ -637,7 +669,6 @@ pub fn decide(
                     q.temperature,
                     &format!("{param}.task"),
                 )?;
-                task_alone(q.text.is_some(), q.options.is_some(), &param)?;
                 check_question(&question, &param)?;
                 return Ok(question);
             }
@@ -676,14 +707,14 @@ pub fn chat_decision(
         ));
     }
     single_choice(req.n)?;
+    if d.task.is_some() {
+        task_alone(false, d.options.is_some(), "decisio")?;
+    }
     let task = d
         .task
         .as_ref()
         .map(|name| tasks.question(name, None, d.abstain_below, d.temperature, "decisio.task"))
         .transpose()?;
-    if task.is_some() {
-        task_alone(false, d.options.is_some(), "decisio")?;
-    }
     // Generation settings do not apply to a decision: refuse rather than ignore.
     let not_for_decisions = |set: bool, param: &str, hint: &str| -> Result<(), ApiError> {
         if set {
@@ -1082,7 +1113,7 @@ fn head_layer(req: &TaskRequest, layers: usize) -> Result<Option<usize>, ApiErro
 }
 
 /// `draws` and `shots`: both or neither, draws 1 to `max_task_draws`,
-/// shots at least 1.
+/// shots 1 to `max_task_examples`.
 fn draws(req: &TaskRequest, limits: &Limits) -> Result<Option<DrawSpec>, ApiError> {
     match (req.draws, req.shots) {
         (None, None) => Ok(None),
@@ -1096,7 +1127,10 @@ fn draws(req: &TaskRequest, limits: &Limits) -> Result<Option<DrawSpec>, ApiErro
             if s < 1 || s as u64 > limits.max_task_examples as u64 {
                 return Err(ApiError::invalid(
                     "shots",
-                    format!("`shots` (examples per label in each draw) is at least 1; got {s}"),
+                    format!(
+                        "`shots` (examples per label in each draw) is 1 to {}; got {s}",
+                        limits.max_task_examples
+                    ),
                 ));
             }
             Ok(Some(DrawSpec {

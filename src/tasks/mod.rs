@@ -64,16 +64,14 @@ pub enum Status {
     Running,
     Ready,
     Failed,
-    Cancelled,
 }
 
 impl Status {
-    pub const ALL: [Status; 5] = [
+    pub const ALL: [Status; 4] = [
         Status::Queued,
         Status::Running,
         Status::Ready,
         Status::Failed,
-        Status::Cancelled,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -82,7 +80,6 @@ impl Status {
             Status::Running => "running",
             Status::Ready => "ready",
             Status::Failed => "failed",
-            Status::Cancelled => "cancelled",
         }
     }
 
@@ -206,6 +203,17 @@ pub enum TaskError {
     /// No task with this id.
     #[error("there is no task `{0}`; GET /v1/tasks lists the tasks")]
     NotFound(String),
+    /// A question names a task no registration has (`param` names the
+    /// field): a 404, as a `model` this server does not serve is.
+    #[error("{message}")]
+    UnknownName { param: String, message: String },
+    /// The name is another task's (`param` names the field): a 409, the
+    /// request being valid but for what the server holds.
+    #[error("{message}")]
+    Taken { param: String, message: String },
+    /// The server holds its limit of tasks: a 409, as `Taken`.
+    #[error("{message}")]
+    Full { param: String, message: String },
     /// The task exists but cannot answer yet (or any more).
     #[error("{message}")]
     NotReady { param: String, message: String },
@@ -214,14 +222,12 @@ pub enum TaskError {
     Store(String),
 }
 
-/// What `DELETE` did.
+/// What `DELETE` removed: the task with its files, its registration
+/// cancelled first when it was queued or running.
 #[derive(Debug)]
-pub enum Deleted {
-    /// A queued or running registration was cancelled (the task remains,
-    /// `cancelled`, until deleted again).
-    Cancelled(TaskRecord),
-    /// A finished task was removed with its files.
-    Removed(TaskRecord),
+pub struct Deleted {
+    pub record: TaskRecord,
+    pub cancelled: bool,
 }
 
 /// Limits of registrations (from [`crate::settings::Limits`]).
@@ -351,7 +357,7 @@ impl TaskRegistry {
     ) -> Result<TaskRecord, TaskError> {
         let taken = |tasks: &BTreeMap<String, TaskRecord>| -> Result<(), TaskError> {
             if tasks.values().any(|r| r.spec.name == spec.name) {
-                return Err(TaskError::Invalid {
+                return Err(TaskError::Taken {
                     param: "name".into(),
                     message: format!(
                         "a task named `{}` already exists; DELETE it first or choose another name",
@@ -360,7 +366,7 @@ impl TaskRegistry {
                 });
             }
             if tasks.len() >= self.limits.max_tasks {
-                return Err(TaskError::Invalid {
+                return Err(TaskError::Full {
                     param: "name".into(),
                     message: format!(
                         "this server holds its limit of {} tasks; DELETE one first",
@@ -429,28 +435,24 @@ impl TaskRegistry {
     pub fn delete(&self, id: &str) -> Result<Deleted, TaskError> {
         let mut tasks = self.lock();
         let record = tasks
-            .get_mut(id)
+            .get(id)
             .ok_or_else(|| TaskError::NotFound(id.to_string()))?;
-        let out = if record.status.pending() {
-            record.status = Status::Cancelled;
-            record.progress.rate = None;
-            record.progress.eta_seconds = None;
-            self.store.save(record).map_err(TaskError::Store)?;
+        let cancelled = record.status.pending();
+        if cancelled {
+            // The worker finds the task gone before its next example and
+            // stops; what it writes meanwhile is removed after it (`work`).
             self.metrics
                 .task_registrations
                 .with_label_values(&["cancelled"])
                 .inc();
             tracing::info!("task `{}` ({id}): cancelled", record.spec.name);
-            Deleted::Cancelled(record.clone())
-        } else {
-            self.store.remove(id).map_err(TaskError::Store)?;
-            let record = tasks.remove(id).expect("present");
-            self.heads_lock().remove(id);
-            tracing::info!("task `{}` ({id}): removed", record.spec.name);
-            Deleted::Removed(record)
-        };
+        }
+        self.store.remove(id).map_err(TaskError::Store)?;
+        let record = tasks.remove(id).expect("present");
+        self.heads_lock().remove(id);
+        tracing::info!("task `{}` ({id}): removed", record.spec.name);
         self.update_gauges(&tasks);
-        Ok(out)
+        Ok(Deleted { record, cancelled })
     }
 
     /// The question a decision asks when it names task `name`: the task's
@@ -469,7 +471,7 @@ impl TaskRegistry {
         let record = tasks
             .values()
             .find(|r| r.spec.name == name)
-            .ok_or_else(|| TaskError::Invalid {
+            .ok_or_else(|| TaskError::UnknownName {
                 param: param.to_string(),
                 message: format!(
                     "no task named `{name}` is registered on this server; register it with \
@@ -488,11 +490,10 @@ impl TaskRegistry {
                         record.progress.total,
                         record.id
                     ),
-                    Status::Failed => format!(
+                    Status::Failed | Status::Ready => format!(
                         "its registration failed ({}); register it again",
                         record.error.as_deref().unwrap_or("no reason recorded")
                     ),
-                    _ => "its registration was cancelled; register it again".to_string(),
                 };
                 return Err(TaskError::NotReady {
                     param: param.to_string(),
@@ -554,6 +555,11 @@ impl TaskRegistry {
             };
             if let Err(e) = self.run(&id) {
                 self.fail(&id, e);
+            }
+            // Deleted while it ran: nothing it wrote meanwhile (a
+            // checkpoint, a head) stays behind.
+            if !self.lock().contains_key(&id) {
+                let _ = self.store.remove(&id);
             }
         }
     }

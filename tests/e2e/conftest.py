@@ -69,6 +69,16 @@ def start_server(args):
     raise RuntimeError("decisio did not become healthy within 120 s")
 
 
+def stop_server(proc):
+    """Stops a server `start_server` started."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 @pytest.fixture(scope="session")
 def server():
     assert (MODEL / "config.json").exists(), f"fixture model missing at {MODEL}; run make setup"
@@ -78,8 +88,7 @@ def server():
          "--state-dir", state_dir]
     )
     yield base
-    proc.terminate()
-    proc.wait(timeout=10)
+    stop_server(proc)
 
 
 @pytest.fixture()

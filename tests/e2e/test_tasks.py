@@ -56,20 +56,21 @@ def test_a_registered_task_answers_through_the_sdk(client):
     assert d["answers"][0]["temperature"] == 1.0
     assert d["answers"][0]["option"] in (None, "yes", "no")
 
-    # Cancelling and removing.
-    with pytest.raises(openai.BadRequestError) as e:
+    # A name taken is a conflict; then removing.
+    with pytest.raises(openai.ConflictError) as e:
         client.post("/tasks", cast_to=object, body=body)
-    assert e.value.body["param"] == "name"
+    assert e.value.body["param"] == "name" and e.value.body["code"] == "task_exists"
     gone = client.delete(f"/tasks/{tid}", cast_to=object)
-    assert gone == {"id": tid, "object": "task.deleted", "deleted": True}
+    assert gone == {"id": tid, "object": "task.deleted", "deleted": True, "cancelled": False}
     with pytest.raises(openai.NotFoundError):
         client.get(f"/tasks/{tid}", cast_to=object)
-    with pytest.raises(openai.BadRequestError) as e:
+    with pytest.raises(openai.NotFoundError) as e:
         client.chat.completions.create(
             model="smollm2",
             messages=[{"role": "system", "content": "x"}, {"role": "user", "content": "y"}],
             extra_body={"decisio": {"task": "refund"}})
     assert e.value.body["param"] == "decisio.task"
+    assert e.value.body["code"] == "task_not_found"
 
 
 INTENT = EXAMPLE.parent / "task_intent.json"

@@ -311,6 +311,7 @@ fn describe_config(config: &serde_json::Value) -> MlxResult<ModelInfo> {
         context_length: get("max_position_embeddings").unwrap_or(4096),
         vocab_size: get("vocab_size")
             .ok_or_else(|| MlxError::Config("config.json has no vocab_size".into()))?,
+        hidden_size: get("hidden_size"),
         architecture: model_type.to_string(),
         identity: String::new(),
     })

@@ -284,6 +284,7 @@ impl VllmEngine {
         let info = ModelInfo {
             context_length,
             vocab_size: inner.options.vocab_size,
+            hidden_size: inner.options.hidden_size,
             architecture: inner.options.architecture.clone(),
             identity: format!("vllm:{}", probed[0].model),
         };

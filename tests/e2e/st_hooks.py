@@ -1,0 +1,151 @@
+"""Schemathesis hooks: the rules of openapi/openapi.yaml that JSON Schema
+cannot state, taught to the generator.
+
+Each rule is written in the description's prose and enforced by the server
+with a 400 that names the field. The hooks apply to *positive* cases only
+(data the generator means to be valid), turning a draw into one that also
+keeps these rules; negative cases reach the server as drawn. Every rule
+here is listed in docs/design/openapi.md.
+
+1. A task registration's example labels are among its options (a `choice`
+   task) or labels (an `intent` task), and every option has an example
+   (so there are at least as many examples as options).
+2. The question of a chat decision is the last message, the user's, and
+   is not blank.
+3. No two options (or labels) are equal after trimming whitespace.
+4. The prompt, and the prompt plus `max_tokens`, fit the context; so does
+   a state with each of its questions. The generator cannot count tokens:
+   a draw is kept when its text's UTF-8 bytes (at least its tokens, for
+   the byte-level tokenizers served here) plus a fixed allowance for the
+   template's own tokens fit `DECISIO_ST_CONTEXT`, the server's
+   `--max-model-len`.
+"""
+
+import os
+
+import schemathesis
+
+CONTEXT = int(os.environ.get("DECISIO_ST_CONTEXT", "4096"))
+# Tokens a chat template or the decision prompt adds per message (role
+# headers) and per question (the instruction, the letters), generously.
+PER_MESSAGE = 16
+PER_PROMPT = 64
+PER_OPTION = 8
+
+
+def _positive(case):
+    meta = getattr(case, "meta", None)
+    return meta is None or meta.generation.mode.is_positive
+
+
+@schemathesis.hook
+def map_case(context, case):
+    op = context.operation
+    if op is None or not _positive(case) or not isinstance(case.body, dict):
+        return case
+    body = case.body
+    if op.method.upper() == "POST" and op.path == "/v1/tasks":
+        _task_labels(body)
+    elif op.method.upper() == "POST" and op.path == "/v1/chat/completions":
+        if isinstance(body.get("decisio"), dict) and isinstance(body.get("messages"), list):
+            _decision_question(body["messages"])
+    return case
+
+
+def _task_labels(body):
+    """Rule 1: each example's label becomes a name of the task, in turn,
+    so that every name has an example where there are enough examples."""
+    kind = body.get("kind") or "choice"
+    names = body.get("labels") if kind == "intent" else body.get("options")
+    examples = body.get("examples")
+    if not isinstance(names, list) or not names or not isinstance(examples, list):
+        return
+    for i, example in enumerate(examples):
+        if isinstance(example, dict):
+            example["label"] = names[i % len(names)]
+
+
+def _decision_question(messages):
+    """Rule 2: the last message is the user's, with a question in it."""
+    if not messages or not isinstance(messages[-1], dict):
+        return
+    last = messages[-1]
+    last["role"] = "user"
+    content = last.get("content")
+    if not isinstance(content, str) or not content.strip():
+        last["content"] = "Which option?"
+
+
+
+@schemathesis.hook
+def filter_case(context, case):
+    """Rules 3 and 4: drop positive draws that break them."""
+    op = context.operation
+    if op is None or not _positive(case) or not isinstance(case.body, dict):
+        return True
+    body = case.body
+    path = op.path
+    if path == "/v1/decide":
+        state = _bytes(body.get("state"))
+        for q in body.get("questions") or []:
+            if not isinstance(q, dict):
+                continue
+            options = q.get("options") or []
+            if not _distinct(options):
+                return False
+            if state + _question(q.get("text"), options) > CONTEXT:
+                return False
+        return True
+    if path == "/v1/chat/completions":
+        messages = body.get("messages") or []
+        prompt = sum(PER_MESSAGE + _bytes(_content(m)) for m in messages) + PER_PROMPT
+        decisio = body.get("decisio")
+        if isinstance(decisio, dict):
+            options = decisio.get("options") or []
+            return _distinct(options) and prompt + _question("", options) <= CONTEXT
+        new = body.get("max_tokens") or body.get("max_completion_tokens") or 0
+        return prompt + new < CONTEXT
+    if path == "/v1/completions":
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (list, str)):
+            prompt = prompt[0]
+        length = len(prompt) if isinstance(prompt, list) else _bytes(prompt)
+        new = body.get("max_tokens")
+        return length + (16 if new is None else new) < CONTEXT
+    if path == "/v1/embeddings":
+        inputs = body.get("input")
+        inputs = inputs if isinstance(inputs, list) and inputs and not isinstance(inputs[0], int) else [inputs]
+        return all((len(i) if isinstance(i, list) else _bytes(i) + 2) <= CONTEXT for i in inputs)
+    if path == "/v1/tasks":
+        names = body.get("options") or body.get("labels") or []
+        if not _distinct(names) or len(body.get("examples") or []) < len(names):
+            return False
+        question = _question(body.get("question"), body.get("options") or [])
+        return all(
+            _bytes(e.get("state")) + question <= CONTEXT
+            for e in body.get("examples") or []
+            if isinstance(e, dict)
+        )
+    return True
+
+
+def _bytes(text):
+    return len(text.encode("utf-8", "surrogatepass")) if isinstance(text, str) else 0
+
+
+def _content(message):
+    if not isinstance(message, dict):
+        return ""
+    content = message.get("content")
+    if isinstance(content, list):
+        return "\n".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return content
+
+
+def _question(text, options):
+    return PER_PROMPT + _bytes(text) + sum(PER_OPTION + _bytes(o) for o in options)
+
+
+def _distinct(names):
+    trimmed = [n.strip() for n in names if isinstance(n, str)]
+    return len(set(trimmed)) == len(trimmed)
