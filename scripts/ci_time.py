@@ -43,6 +43,16 @@ def sh(args, **kw):
     return subprocess.run(args, check=True, text=True, **kw)
 
 
+def portable(line, env, cwd):
+    """A log line with this machine's folders named as the run knew them:
+    the cache as `$DECISIO_CACHE`, the clone as `$CLONE`, the home as `~`."""
+    for path, name in ((env.get("DECISIO_CACHE"), "$DECISIO_CACHE"), (str(cwd), "$CLONE"),
+                       (str(Path.home()), "~")):
+        if path:
+            line = line.replace(path, name)
+    return line
+
+
 def timed(cmd, cwd, env, log):
     """Runs `cmd`, its output into `log` with each line's time since the
     start (so the log shows where the time went); (seconds, exit code)."""
@@ -53,7 +63,7 @@ def timed(cmd, cwd, env, log):
                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
                              errors="replace")
         for line in p.stdout:
-            f.write(f"[{time.time() - t0:7.1f}s] {line}")
+            f.write(f"[{time.time() - t0:7.1f}s] {portable(line, env, cwd)}")
             f.flush()
         code = p.wait()
     return round(time.time() - t0, 1), code
