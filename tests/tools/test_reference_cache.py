@@ -37,3 +37,17 @@ def test_a_changed_input_recomputes_exactly_what_reads_it(tmp_path):
         f.write("\n# changed\n")
     after = plan(repo)
     assert {k for k, cached in after.items() if not cached} == {"tiny-gemma4_12b", "prompts"}, after
+
+
+def test_a_test_client_pinned_beside_the_reference_changes_no_step(tmp_path):
+    repo = tmp_path / "checkout"
+    shutil.copytree(ROOT / "scripts", repo / "scripts")
+    shutil.copytree(ROOT / "tests/fixtures/bases", repo / "tests/fixtures/bases")
+    requirements = repo / "scripts/requirements.txt"
+    with open(requirements, "a") as f:
+        f.write("\nsome-test-client==1.0\n")
+    assert all(plan(repo).values()), "a pin the reference does not read recomputed a step"
+    # A reference package's pin does change every step.
+    text = requirements.read_text().replace("numpy==", "numpy==0.0.0+")
+    requirements.write_text(text)
+    assert not any(plan(repo).values())
