@@ -117,6 +117,8 @@ def main():
     ap.add_argument("--out", type=pathlib.Path, help="write the record here")
     a = ap.parse_args()
     if a.out:
+        # Schemathesis runs in a scratch folder: its report paths must be whole.
+        a.out = a.out.resolve()
         a.out.mkdir(parents=True, exist_ok=True)
     # The configurations run side by side: each server mostly waits on its
     # Schemathesis, so two fit the two cores of a CI machine.
@@ -134,7 +136,9 @@ def main():
     if a.out:
         record = {
             "date": datetime.date.today().isoformat(),
-            "command": "python3 scripts/schemathesis_run.py " + " ".join(sys.argv[1:]),
+            "command": "python3 scripts/schemathesis_run.py " + " ".join(
+                str(pathlib.Path(x).resolve().relative_to(ROOT)) if x.startswith("/") else x
+                for x in sys.argv[1:]),
             "schemathesis": subprocess.run([st_binary(), "--version"], capture_output=True,
                                            text=True).stdout.strip(),
             "examples": a.examples, "seed": a.seed, "context": a.context,
