@@ -134,6 +134,7 @@ fn converts_smollm2_into_a_complete_folder() {
     let options = ConvertOptions {
         force: true,
         float_dtype: Some(decisio::convert::FloatDtype::Float32),
+        weights: Default::default(),
     };
     convert_gguf_with(&gguf, &out, &options).unwrap();
     assert!(!out.join("stale.txt").exists());

@@ -12,6 +12,9 @@
 //!   numbers, and F32/F16 tensors as they are; they are renamed to Hugging
 //!   Face names and written as they were loaded. Other tensor types (k-quants
 //!   and friends) are refused: MLX would silently dequantize them.
+//!   `--weights dense` dequantizes every quantized matrix to float32 (a
+//!   reference for the gates), `--weights q2`..`q8` quantizes it again at
+//!   other bits (a candidate, or a deliberately degraded one).
 //! - The query and key projections are un-permuted. llama.cpp reorders their
 //!   rows for interleaved ("traditional") rope; the folder has the original
 //!   row order and uses ordinary rope, like every Hugging Face llama.
@@ -148,6 +151,39 @@ pub struct ConvertOptions {
     /// The dtype of every floating-point array written (quantization scales
     /// and biases, norms, dense weights); `None` keeps the GGUF's.
     pub float_dtype: Option<FloatDtype>,
+    /// What becomes of the GGUF's quantized matrices.
+    pub weights: Weights,
+}
+
+/// What a conversion does with the checkpoint's quantized matrices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Weights {
+    /// Carried as they are (the default).
+    #[default]
+    Keep,
+    /// Dequantized to float32 matrices: the same values, no quantization
+    /// (a reference to compare conversions against).
+    Dense,
+    /// Dequantized and quantized again at these bits (2, 3, 4, 5, 6 or 8),
+    /// with the same group size.
+    Bits(u32),
+}
+
+impl std::str::FromStr for Weights {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "keep" => Ok(Weights::Keep),
+            "dense" => Ok(Weights::Dense),
+            _ => match s.strip_prefix('q').and_then(|b| b.parse::<u32>().ok()) {
+                Some(b @ (2 | 3 | 4 | 5 | 6 | 8)) => Ok(Weights::Bits(b)),
+                _ => Err(format!(
+                    "`{s}` is not keep, dense, q2, q3, q4, q5, q6 or q8"
+                )),
+            },
+        }
+    }
 }
 
 /// Floating-point dtypes a conversion can store.
@@ -270,7 +306,13 @@ pub fn convert_gguf_with(
     let meta = meta::Meta::new(&file);
     let params = LlamaParams::read(&meta, &header)?;
     let tok = tokenizer::build(&meta, params.max_position_embeddings, params.vocab_size)?;
-    let converted = tensors::convert(&file, &header, &params, options.float_dtype)?;
+    let converted = tensors::convert(
+        &file,
+        &header,
+        &params,
+        options.float_dtype,
+        options.weights,
+    )?;
     let quantization = QuantConfig::from_modules(&converted.quantized);
     let tie_word_embeddings = !converted.has_lm_head;
 
@@ -400,6 +442,13 @@ pub struct ConvertArgs {
     /// default; use `keep` for the GGUF's own (float16 scales), e.g. on Metal.
     #[arg(long, value_enum, default_value = "float32")]
     pub dtype: DtypeArg,
+
+    /// The quantized matrices: `keep` them as stored, make them `dense`
+    /// (float32, the same values), or quantize them again at `q2`..`q8`
+    /// bits. `dense` gives a reference to gate a conversion against; `q2`
+    /// or `q3` a deliberately degraded one (docs/gates.md).
+    #[arg(long, default_value = "keep")]
+    pub weights: Weights,
 }
 
 /// `--dtype` of `decisio convert`.
@@ -422,6 +471,7 @@ pub fn run(args: ConvertArgs) -> anyhow::Result<()> {
     let options = ConvertOptions {
         force: args.force,
         float_dtype,
+        weights: args.weights,
     };
     let report = convert_gguf_with(&args.gguf, &args.out, &options)?;
     println!("{report}");

@@ -1,7 +1,8 @@
 //! GGUF tensors to Hugging Face llama tensors: names, shapes, q/k row order
 //! and the quantization each module keeps.
 //!
-//! Nothing is re-quantized or cast. MLX loads Q4_0, Q4_1 and Q8_0 tensors as
+//! By default nothing is re-quantized or cast (`--weights` asks for dense
+//! or re-quantized matrices, see [`super::Weights`]). MLX loads Q4_0, Q4_1 and Q8_0 tensors as
 //! affine-quantized triples (`.weight` packed into uint32, `.scales` and
 //! `.biases` in float16, one group per 32 inputs) holding exactly the GGUF's
 //! numbers, and F32/F16 tensors as they are; the converter renames them and
@@ -10,7 +11,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use mlx_rs::io::GgufFile;
-use mlx_rs::Array;
+use mlx_rs::{Array, Dtype};
 use serde_json::{json, Map, Value};
 
 use super::header::{Header, TensorInfo};
@@ -213,6 +214,7 @@ pub(crate) fn convert(
     header: &Header,
     params: &LlamaParams,
     float_dtype: Option<super::FloatDtype>,
+    weights: super::Weights,
 ) -> Result<Converted, ConvertError> {
     let mut arrays = BTreeMap::new();
     let mut quantized = BTreeMap::new();
@@ -289,6 +291,19 @@ pub(crate) fn convert(
             }
         }
 
+        if let Some(q) = quantized.get(&hf).copied() {
+            parts = requantize(parts, q, weights)?;
+            match weights {
+                super::Weights::Keep => {}
+                super::Weights::Dense => {
+                    quantized.remove(&hf);
+                }
+                super::Weights::Bits(bits) => {
+                    quantized.insert(hf.clone(), QuantParams { bits, ..q });
+                }
+            }
+        }
+
         for (suffix, array) in parts {
             let array = match float_dtype {
                 Some(d) if array.dtype().is_float() && array.dtype() != d.mlx() => array
@@ -314,6 +329,43 @@ pub(crate) fn convert(
         quantized,
         has_lm_head,
     })
+}
+
+/// A quantized module's triple as `weights` asks: kept, dequantized to one
+/// float32 matrix, or dequantized and quantized again at other bits (same
+/// group size, MLX's affine quantization).
+fn requantize(
+    parts: Vec<(&str, Array)>,
+    q: QuantParams,
+    weights: super::Weights,
+) -> Result<Vec<(&str, Array)>, ConvertError> {
+    if weights == super::Weights::Keep {
+        return Ok(parts);
+    }
+    let [(_, w), (_, scales), (_, biases)] = &parts[..] else {
+        return Ok(parts);
+    };
+    let (group, bits) = (q.group_size as i32, q.bits as i32);
+    let dense = mlx_rs::ops::dequantize(
+        w,
+        scales
+            .as_dtype(Dtype::Float32)
+            .map_err(mlx_error("casting scales"))?,
+        &biases
+            .as_dtype(Dtype::Float32)
+            .map_err(mlx_error("casting biases"))?,
+        group,
+        bits,
+    )
+    .map_err(mlx_error("dequantizing"))?;
+    match weights {
+        super::Weights::Bits(b) => {
+            let (w, s, z) =
+                mlx_rs::ops::quantize(&dense, group, b as i32).map_err(mlx_error("quantizing"))?;
+            Ok(vec![("weight", w), ("scales", s), ("biases", z)])
+        }
+        _ => Ok(vec![("weight", dense)]),
+    }
 }
 
 /// Checks that an MLX quantized triple has the shapes `(group_size, bits)`
