@@ -50,6 +50,14 @@ fn answers_and_refuses_bad_input() {
     let models = s.request("GET", "/v1/models", &[], None).unwrap().json();
     assert_eq!(models["data"][0]["id"], "smollm2");
     assert_eq!(models["data"][0]["max_model_len"], 8192);
+    // What answers, for run records: no folder of this machine in it.
+    let id = &models["data"][0]["decisio"];
+    assert_eq!(id["backend"], "MLX");
+    assert_eq!(id["architecture"], "llama");
+    assert_eq!(id["default_temperature"], 1.0);
+    assert_eq!(id["padding"], "none");
+    assert_eq!(id["model_identity"].as_str().unwrap().len(), 64);
+    assert_eq!(id["tokenizer_identity"].as_str().unwrap().len(), 64);
 
     // Malformed JSON.
     let r = s

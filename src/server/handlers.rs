@@ -76,6 +76,7 @@ pub async fn models(state: web::Data<AppState>) -> HttpResponse {
             owned_by: "decisio",
             root: state.model_root.clone(),
             max_model_len: state.route.context_length(),
+            decisio: state.identity(),
         }],
     })
 }

@@ -61,6 +61,23 @@ impl AppState {
         }
     }
 
+    /// What answers on this server (`decisio` of each `/v1/models` card).
+    pub fn identity(&self) -> types::ServedIdentity {
+        let engine = self.route.engine();
+        let (info, caps) = (engine.info(), engine.capabilities());
+        types::ServedIdentity {
+            version: env!("CARGO_PKG_VERSION"),
+            backend: caps.name,
+            architecture: info.architecture.clone(),
+            base: self.route.base.map(|b| b.name),
+            model_identity: info.identity.clone(),
+            tokenizer_identity: self.route.tokenizer_identity.clone(),
+            default_temperature: self.route.default_temperature,
+            padding: caps.padding.label(),
+            multi_question: caps.modes.iter().map(|m| m.as_str()).collect(),
+        }
+    }
+
     /// What `GET /openapi.json` says of this server, read when asked (a
     /// vLLM backend learns its context from its upstreams).
     pub fn served(&self) -> openapi::Served {

@@ -291,6 +291,34 @@ pub struct ModelCard {
     pub owned_by: &'static str,
     pub root: String,
     pub max_model_len: usize,
+    /// What a run record needs to name the configuration that answers.
+    pub decisio: ServedIdentity,
+}
+
+/// The identity of what answers on this server: a run record keeps it, and
+/// `decisio gate` refuses to compare records whose bases or tokenizers
+/// differ.
+#[derive(Clone, Debug, Serialize)]
+pub struct ServedIdentity {
+    /// The server's version (`decisio --version`).
+    pub version: &'static str,
+    /// `MLX` or `vLLM`.
+    pub backend: &'static str,
+    /// `model_type` of config.json.
+    pub architecture: String,
+    /// The production base served (`--base`), if any.
+    pub base: Option<&'static str>,
+    /// A digest of config.json and the weight files' names and sizes (the
+    /// upstream's model name and root for the vLLM backend).
+    pub model_identity: String,
+    /// A digest of the tokenizer's files.
+    pub tokenizer_identity: String,
+    /// The letters' temperature when neither a request nor a task sets one.
+    pub default_temperature: f64,
+    /// How states are padded (`none`, `block16`).
+    pub padding: String,
+    /// The multi-question modes served; the first is the default.
+    pub multi_question: Vec<&'static str>,
 }
 
 #[derive(Clone, Debug, Serialize)]
