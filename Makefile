@@ -16,7 +16,7 @@ DENSE_MODEL := $(DECISIO_CACHE)/models/smollm2-135m-instruct-dense
 OPENBLAS := $(wildcard /usr/lib/x86_64-linux-gnu/libopenblas.so.0)
 PORT ?= 8000
 
-.PHONY: setup serve test reference reference-cached reference-logits cargo-test e2e lint bench bench-tasks ci-time schemathesis
+.PHONY: setup serve test gate reference reference-cached reference-logits cargo-test e2e lint bench bench-tasks ci-time schemathesis
 
 setup:
 	@bash scripts/setup.sh
@@ -50,6 +50,12 @@ e2e: setup
 lint:
 	cargo fmt --all -- --check
 	cargo clippy --release --locked --all-targets -- -D warnings
+
+# The fixture's records for the gates: dense reference, 4-bit fixture (twice,
+# fresh servers), 2-bit conversion, the vLLM backend in front of an MLX
+# gateway; each gated, into runs/<today>_gates (docs/gates.md).
+gate: setup
+	python3 scripts/gate_records.py
 
 # Every stage, timed: setup, reference, rust, e2e (scripts/test.sh).
 test:

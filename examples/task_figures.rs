@@ -7,14 +7,15 @@
 //! (default 10,000 x 57 labels x 576, the fixture's width) and prints JSON.
 //!
 //! `cargo run --release --example task_figures -- reliability TASK.json OUT.png FONT.ttf`
-//! draws a ready task's holdout reliability diagram (before and after the
+//! draws (with `decisio::suite::plot`) a ready task's holdout reliability diagram (before and after the
 //! temperature) as a PNG, from `GET /v1/tasks/{id}`'s JSON.
 
 use std::time::Instant;
 
 use decisio::rng::SplitMix;
+use decisio::suite::plot;
+use decisio::tasks::calibrate::Figures;
 use decisio::tasks::head;
-use plotters::prelude::*;
 use serde_json::{json, Value};
 
 /// Rows around one centre per label, with shared noise: about as separable
@@ -76,14 +77,7 @@ fn reliability(args: &[String]) {
     };
     let task: Value = serde_json::from_str(&std::fs::read_to_string(input).expect("the task file"))
         .expect("json");
-    let font_bytes: &'static [u8] =
-        Box::leak(std::fs::read(font).expect("the font").into_boxed_slice());
-    plotters::style::register_font("sans-serif", FontStyle::Normal, font_bytes)
-        .map_err(|_| "the font cannot be read")
-        .expect("a font");
     let r = &task["result"];
-    let root = BitMapBackend::new(output, (720, 720)).into_drawing_area();
-    root.fill(&WHITE).expect("draw");
     let calibration = r["head"]["calibration_indices"]
         .as_array()
         .map_or(String::new(), |c| format!("; T on {} examples", c.len()));
@@ -92,64 +86,17 @@ fn reliability(args: &[String]) {
         task["name"].as_str().unwrap_or("task"),
         r["holdout_examples"]
     );
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 22))
-        .margin(16)
-        .x_label_area_size(44)
-        .y_label_area_size(54)
-        .build_cartesian_2d(0f64..1f64, 0f64..1f64)
-        .expect("chart");
-    chart
-        .configure_mesh()
-        .x_desc("confidence (top probability)")
-        .y_desc("accuracy")
-        .draw()
-        .expect("mesh");
-    chart
-        .draw_series(LineSeries::new([(0.0, 0.0), (1.0, 1.0)], BLACK.mix(0.4)))
-        .expect("diagonal");
-    for (key, colour, shift) in [("before", RED, -0.012), ("after", BLUE, 0.012)] {
-        let bins = r[key]["reliability"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default();
-        let points: Vec<(f64, f64, f64)> = bins
-            .iter()
-            .filter_map(|b| {
-                Some((
-                    b["confidence"].as_f64()?,
-                    b["accuracy"].as_f64()?,
-                    b["count"].as_f64()?,
-                ))
-            })
-            .collect();
-        let ece = r[key]["ece"].as_f64().unwrap_or(f64::NAN);
-        let t = r[key]["temperature"].as_f64().unwrap_or(f64::NAN);
-        chart
-            .draw_series(points.iter().map(|&(c, a, _)| {
-                Rectangle::new(
-                    [(c + shift - 0.01, 0.0), (c + shift + 0.01, a)],
-                    colour.mix(0.5).filled(),
-                )
-            }))
-            .expect("bars")
-            .label(format!("{key}: T = {t:.3}, ECE = {ece:.3}"))
-            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], colour.filled()));
-        chart
-            .draw_series(LineSeries::new(
-                points.iter().map(|&(c, a, _)| (c, a)),
-                colour,
-            ))
-            .expect("line");
-    }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()
-        .expect("legend");
-    root.present().expect("the PNG");
+    let figures = |key: &str| -> Figures {
+        serde_json::from_value(r[key].clone()).expect("the task's figures")
+    };
+    plot::register_font(std::path::Path::new(font)).expect("a font");
+    plot::reliability_diagram(
+        &title,
+        &figures("before"),
+        &figures("after"),
+        output.as_ref(),
+    )
+    .expect("the PNG");
 }
 
 fn main() {

@@ -4,7 +4,9 @@
 # Stages: setup (scripts/setup.sh), reference (the Python reference figures,
 # computed once per input: scripts/reference/cache.py), rust (the test
 # binaries built and run side by side: scripts/test_binaries.py), e2e (the
-# OpenAI SDK tests, and tests/tools: the scripts' own tests). At the end, pass or fail, it prints each stage's time;
+# OpenAI SDK tests, and tests/tools: the scripts' own tests), gates (the
+# small suite on the fixture gated against the committed reference record:
+# scripts/ci_gates.sh). At the end, pass or fail, it prints each stage's time;
 # with DECISIO_STAGE_TIMES=FILE it also writes them there as JSON (and the
 # Rust binaries' own figures beside it), for scripts/ci_time.py.
 set -uo pipefail
@@ -58,4 +60,5 @@ rust_json=()
 [ -n "$TIMES" ] && rust_json=(--json "${TIMES%.json}.rust.json")
 stage rust python3 scripts/test_binaries.py "${rust_json[@]}"
 stage e2e "$PYTHON" -m pytest -q -p no:cacheprovider tests/e2e tests/tools
+stage gates bash scripts/ci_gates.sh
 exit $failed

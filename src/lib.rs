@@ -12,6 +12,10 @@
 //!   Face Hub (through its cache folder).
 //! - [`convert`]: GGUF checkpoints to MLX conversion folders.
 //! - [`register`]: the `decisio register` client of a running server.
+//! - [`suite`]: suites, run records and gates (`decisio suite run`,
+//!   `decisio gate`), clients of a running server.
+//! - [`client`], [`progress`]: the HTTP client and the progress display
+//!   those commands share.
 //! - [`tasks`]: task registration: the state folder, the background
 //!   worker, the temperature fit and the calibration figures.
 //! - [`settings`]: every limit and default, in one place.
@@ -20,14 +24,17 @@
 
 pub mod base64;
 pub mod bases;
+pub mod client;
 pub mod convert;
 pub mod engine;
 pub mod hub;
 pub mod metrics;
+pub mod progress;
 pub mod prompt;
 pub mod register;
 pub mod rng;
 pub mod route;
 pub mod server;
 pub mod settings;
+pub mod suite;
 pub mod tasks;

@@ -39,6 +39,19 @@ enum Command {
     Convert(decisio::convert::ConvertArgs),
     /// Register a task on a running server and follow its progress.
     Register(decisio::register::RegisterArgs),
+    /// Run a suite through a running server and write its run record.
+    #[command(subcommand)]
+    Suite(SuiteCommand),
+    /// Compare a candidate run record with a reference record, one line per
+    /// gate; exits 1 when a gate fails.
+    Gate(decisio::suite::gate::GateArgs),
+}
+
+#[derive(Subcommand)]
+enum SuiteCommand {
+    /// Ask a server a suite and write the run record (resumes an
+    /// interrupted run in the same --out).
+    Run(decisio::suite::run::RunArgs),
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -140,6 +153,15 @@ struct ServeArgs {
     /// as vLLM's flag of the same name. Bounds every generation's length.
     #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(2..))]
     max_model_len: Option<usize>,
+    /// The letters' temperature when neither a request nor a task sets one
+    /// (default 1: the model's own probabilities).
+    #[arg(long, conflicts_with = "temperature_from")]
+    letter_temperature: Option<f64>,
+    /// Take the default letter temperature from a run record: the
+    /// temperature `decisio suite run` fitted on all its choice sets
+    /// (docs/gates.md).
+    #[arg(long, value_name = "RECORD")]
+    temperature_from: Option<PathBuf>,
     /// Jobs that may wait for the engine; more are answered 503.
     #[arg(long, default_value_t = Limits::default().max_queue, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     max_queue: usize,
@@ -253,7 +275,49 @@ fn main() -> Result<()> {
         Command::Serve(args) => serve(*args),
         Command::Convert(args) => decisio::convert::run(args),
         Command::Register(args) => decisio::register::run(args),
+        Command::Suite(SuiteCommand::Run(args)) => {
+            let record = decisio::suite::run::run(&args)?;
+            println!("{}", record.summary());
+            if let Some(t) = record.pooled_temperature() {
+                println!(
+                    "pooled fitted temperature: {t:.4} (serve with --temperature {t:.4} to make it the default)"
+                );
+            }
+            eprintln!("the record is in {}", args.out.display());
+            Ok(())
+        }
+        Command::Gate(args) => {
+            if !decisio::suite::gate::run(&args)? {
+                std::process::exit(1);
+            }
+            Ok(())
+        }
     }
+}
+
+/// The default letter temperature: `--letter-temperature`, or the pooled
+/// temperature of the record `--temperature-from` names, or 1.
+fn letter_temperature(args: &ServeArgs) -> Result<f64> {
+    let (lo, hi) = decisio::route::decide::TEMPERATURE_RANGE;
+    let t = match (&args.letter_temperature, &args.temperature_from) {
+        (Some(t), _) => *t,
+        (None, Some(path)) => {
+            let record = decisio::suite::record::Record::read(path)?;
+            let t = record.pooled_temperature().with_context(|| {
+                format!(
+                    "the record {} has no choice set to take a temperature from",
+                    path.display()
+                )
+            })?;
+            tracing::info!(temperature = t, record = %path.display(), "default letter temperature from the record");
+            t
+        }
+        (None, None) => return Ok(Limits::default().letter_temperature),
+    };
+    if !(lo..=hi).contains(&t) {
+        bail!("the letter temperature must be within {lo} and {hi}; got {t}");
+    }
+    Ok(t)
 }
 
 /// A SHA-256 digest of files' contents (absent files count as empty).
@@ -392,6 +456,7 @@ fn serve(args: ServeArgs) -> Result<()> {
         prefill_chunk: args.prefill_chunk,
         prefix_cache_mib: prefix_cache_mb,
         max_model_len: args.max_model_len,
+        letter_temperature: letter_temperature(&args)?,
         ..Limits::default()
     };
     let metrics = Arc::new(Metrics::new());

@@ -1,20 +1,21 @@
 //! `decisio register task.json --server URL`: registers a task on a running
 //! server, shows the registration's progress as a bar, and prints the
-//! fitted figures. A plain HTTP/1.1 client over a TCP stream (`http://`
-//! only: the server speaks plain HTTP).
+//! fitted figures, over [`crate::client::Client`].
 //!
 //! `--format csv` (BANKING77's `text,label` with a header) and `--format
 //! clinc` (clinc_oos's `{"train": [[text, label], ...], "val": ..., ...}`)
 //! read intent data sets as they are published and build the body of an
 //! intent task from them and the flags (`--name`, `--question`, ...).
 
-use std::io::{BufRead, BufReader, IsTerminal, Read, Write};
-use std::net::TcpStream;
-use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
+
+use crate::client::Client;
+use crate::progress::Progress;
 
 /// What `decisio register` reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -73,123 +74,6 @@ pub struct RegisterArgs {
     pub interval: f64,
 }
 
-struct Reply {
-    status: u16,
-    body: Value,
-}
-
-/// `host:port` of an `http://` URL.
-fn authority(url: &str) -> Result<String> {
-    let rest = url
-        .strip_prefix("http://")
-        .with_context(|| format!("--server must be an http:// URL; got `{url}`"))?;
-    let host = rest.split('/').next().unwrap_or_default();
-    if host.is_empty() {
-        bail!("--server `{url}` names no host");
-    }
-    Ok(if host.contains(':') {
-        host.to_string()
-    } else {
-        format!("{host}:80")
-    })
-}
-
-fn request(
-    addr: &str,
-    key: Option<&str>,
-    method: &str,
-    path: &str,
-    body: Option<&[u8]>,
-) -> Result<Reply> {
-    let mut stream =
-        TcpStream::connect(addr).with_context(|| format!("cannot connect to {addr}"))?;
-    stream.set_read_timeout(Some(Duration::from_secs(300)))?;
-    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
-    if let Some(k) = key {
-        head.push_str(&format!("Authorization: Bearer {k}\r\n"));
-    }
-    if let Some(b) = body {
-        head.push_str(&format!(
-            "Content-Type: application/json\r\nContent-Length: {}\r\n",
-            b.len()
-        ));
-    }
-    head.push_str("\r\n");
-    stream.write_all(head.as_bytes())?;
-    if let Some(b) = body {
-        // The server may answer (413) before reading it all.
-        let _ = stream.write_all(b);
-    }
-    let mut reader = BufReader::new(stream);
-    let mut line = String::new();
-    reader.read_line(&mut line)?;
-    let status: u16 = line
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .with_context(|| format!("not an HTTP reply from {addr}: `{}`", line.trim()))?;
-    let mut chunked = false;
-    loop {
-        let mut h = String::new();
-        reader.read_line(&mut h)?;
-        let h = h.trim_end();
-        if h.is_empty() {
-            break;
-        }
-        let lower = h.to_ascii_lowercase();
-        if lower.starts_with("transfer-encoding:") && lower.contains("chunked") {
-            chunked = true;
-        }
-    }
-    let mut raw = Vec::new();
-    if chunked {
-        loop {
-            let mut size = String::new();
-            reader.read_line(&mut size)?;
-            let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
-            if n == 0 {
-                break;
-            }
-            let mut chunk = vec![0; n + 2];
-            reader.read_exact(&mut chunk)?;
-            raw.extend_from_slice(&chunk[..n]);
-        }
-    } else {
-        reader.read_to_end(&mut raw)?;
-    }
-    let body = serde_json::from_slice(&raw).unwrap_or(Value::Null);
-    Ok(Reply { status, body })
-}
-
-fn error_of(reply: &Reply) -> String {
-    let e = &reply.body["error"];
-    match (e["message"].as_str(), e["param"].as_str()) {
-        (Some(m), Some(p)) => format!("{} ({p}): {m}", reply.status),
-        (Some(m), None) => format!("{}: {m}", reply.status),
-        _ => format!("HTTP {}", reply.status),
-    }
-}
-
-/// One line of progress: a bar, done of total, rate, ETA.
-fn bar(task: &Value, width: usize) -> String {
-    let p = &task["progress"];
-    let done = p["done"].as_u64().unwrap_or(0);
-    let total = p["total"].as_u64().unwrap_or(0).max(1);
-    let filled = (done as usize * width) / total as usize;
-    let rate = p["rate"]
-        .as_f64()
-        .map_or("-".to_string(), |r| format!("{r:.2}/s"));
-    let eta = p["eta_seconds"]
-        .as_f64()
-        .map_or("-".to_string(), |s| format!("{:.0}s", s.ceil()));
-    format!(
-        "[{}{}] {done}/{total} {} {rate} ETA {eta}",
-        "#".repeat(filled),
-        ".".repeat(width - filled),
-        task["status"].as_str().unwrap_or("?"),
-    )
-}
-
 fn figures_line(label: &str, f: &Value) -> String {
     format!(
         "  {label:<7} T {:>8.4}  accuracy {:.4}  NLL {:.4}  ECE {:.4}",
@@ -200,67 +84,41 @@ fn figures_line(label: &str, f: &Value) -> String {
     )
 }
 
-/// Fields of a CSV line: commas split, double quotes quote (`""` is a
-/// quote inside a quoted field).
-fn csv_fields(line: &str) -> Vec<String> {
-    let mut fields = vec![String::new()];
-    let mut quoted = false;
-    let mut chars = line.chars().peekable();
-    while let Some(c) = chars.next() {
-        let field = fields.last_mut().expect("one field");
-        match (c, quoted) {
-            ('"', true) if chars.peek() == Some(&'"') => {
-                chars.next();
-                field.push('"');
-            }
-            ('"', true) => quoted = false,
-            ('"', false) if field.is_empty() => quoted = true,
-            (',', false) => fields.push(String::new()),
-            (c, _) => field.push(c),
-        }
-    }
-    fields
-}
-
-/// (text, label) rows of a `text,label` CSV file with a header. A quoted
-/// text may span lines.
-pub fn read_csv(text: &str) -> Result<Vec<(String, String)>> {
-    let mut records: Vec<String> = Vec::new();
-    let mut open = String::new();
-    for line in text.lines() {
-        if !open.is_empty() {
-            open.push('\n');
-        }
-        open.push_str(line);
-        // A record ends where its quotes balance.
-        if open.matches('"').count().is_multiple_of(2) {
-            records.push(std::mem::take(&mut open));
-        }
-    }
-    if !open.is_empty() {
-        bail!("the CSV file ends inside a quoted field");
-    }
-    let mut rows = records.into_iter().filter(|r| !r.trim().is_empty());
-    let header = rows.next().context("the CSV file is empty")?;
-    let names = csv_fields(&header);
-    let col = |n: &str| names.iter().position(|h| h.trim() == n);
+/// (text, label) rows of a CSV file with a header naming `text` and
+/// `label` columns (BANKING77's files). Errors name the line.
+pub fn read_csv(path: &Path) -> Result<Vec<(String, String)>> {
+    let mut reader =
+        csv::Reader::from_path(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let headers = reader
+        .headers()
+        .with_context(|| format!("{}: no header line", path.display()))?
+        .clone();
+    let col = |n: &str| headers.iter().position(|h| h.trim() == n);
     let (Some(t), Some(l)) = (col("text"), col("label")) else {
-        bail!("the CSV header must name `text` and `label` columns; got `{header}`");
+        bail!(
+            "{}: the CSV header must name `text` and `label` columns; got `{}`",
+            path.display(),
+            headers.iter().collect::<Vec<_>>().join(",")
+        );
     };
-    rows.enumerate()
-        .map(|(i, r)| {
-            let f = csv_fields(&r);
-            match (f.get(t), f.get(l)) {
-                (Some(text), Some(label)) => Ok((text.clone(), label.trim().to_string())),
-                _ => bail!(
-                    "CSV line {} has {} fields; the header has {}",
-                    i + 2,
-                    f.len(),
-                    names.len()
-                ),
-            }
-        })
-        .collect()
+    let mut rows = Vec::new();
+    for record in reader.records() {
+        let record = record.with_context(|| format!("{}: not CSV", path.display()))?;
+        let line = record.position().map_or(0, |p| p.line());
+        match (record.get(t), record.get(l)) {
+            (Some(text), Some(label)) => rows.push((text.to_string(), label.trim().to_string())),
+            _ => bail!(
+                "{} line {line} has {} fields; the header has {}",
+                path.display(),
+                record.len(),
+                headers.len()
+            ),
+        }
+    }
+    if rows.is_empty() {
+        bail!("{} holds no row", path.display());
+    }
+    Ok(rows)
 }
 
 /// (text, label) pairs of the clinc_oos JSON parts named in `split`.
@@ -288,47 +146,75 @@ pub fn read_clinc(text: &str, split: &str) -> Result<Vec<(String, String)>> {
     Ok(rows)
 }
 
-/// The body of an intent registration from (text, label) rows: the labels
-/// in order of first appearance.
+/// What an intent registration is made of, besides its examples.
+pub struct Intent<'a> {
+    pub name: &'a str,
+    pub question: &'a str,
+    pub holdout: Option<f64>,
+    pub seed: Option<i64>,
+    pub layer: Option<i64>,
+    pub draws: Option<i64>,
+    pub shots: Option<i64>,
+}
+
+impl Intent<'_> {
+    /// The body of the registration from (text, label) rows: the labels
+    /// in order of first appearance.
+    pub fn body(&self, rows: &[(String, String)]) -> Value {
+        let mut labels: Vec<&str> = Vec::new();
+        for (_, l) in rows {
+            if !labels.contains(&l.as_str()) {
+                labels.push(l);
+            }
+        }
+        let examples: Vec<Value> = rows
+            .iter()
+            .map(|(t, l)| serde_json::json!({"state": t, "label": l}))
+            .collect();
+        let mut body = serde_json::json!({
+            "name": self.name,
+            "kind": "intent",
+            "question": self.question,
+            "labels": labels,
+            "examples": examples,
+        });
+        let o = body.as_object_mut().expect("an object");
+        if let Some(h) = self.holdout {
+            o.insert("holdout".into(), h.into());
+        }
+        if let Some(s) = self.seed {
+            o.insert("seed".into(), s.into());
+        }
+        if let Some(l) = self.layer {
+            o.insert("head".into(), serde_json::json!({ "layer": l }));
+        }
+        if let Some(d) = self.draws {
+            o.insert("draws".into(), d.into());
+        }
+        if let Some(s) = self.shots {
+            o.insert("shots".into(), s.into());
+        }
+        body
+    }
+}
+
+/// The body of an intent registration from (text, label) rows and the
+/// flags.
 pub fn intent_body(args: &RegisterArgs, rows: &[(String, String)]) -> Result<Value> {
     let name = args
         .name
         .as_deref()
         .context("--name is needed to register a data set file")?;
-    let mut labels: Vec<&str> = Vec::new();
-    for (_, l) in rows {
-        if !labels.contains(&l.as_str()) {
-            labels.push(l);
-        }
+    Ok(Intent {
+        name,
+        question: &args.question,
+        holdout: args.holdout,
+        seed: args.seed,
+        layer: args.layer,
+        draws: args.draws,
+        shots: args.shots,
     }
-    let examples: Vec<Value> = rows
-        .iter()
-        .map(|(t, l)| serde_json::json!({"state": t, "label": l}))
-        .collect();
-    let mut body = serde_json::json!({
-        "name": name,
-        "kind": "intent",
-        "question": args.question,
-        "labels": labels,
-        "examples": examples,
-    });
-    let o = body.as_object_mut().expect("an object");
-    if let Some(h) = args.holdout {
-        o.insert("holdout".into(), h.into());
-    }
-    if let Some(s) = args.seed {
-        o.insert("seed".into(), s.into());
-    }
-    if let Some(l) = args.layer {
-        o.insert("head".into(), serde_json::json!({ "layer": l }));
-    }
-    if let Some(d) = args.draws {
-        o.insert("draws".into(), d.into());
-    }
-    if let Some(s) = args.shots {
-        o.insert("shots".into(), s.into());
-    }
-    Ok(body)
+    .body(rows))
 }
 
 /// The registration body FILE gives, as `--format` says.
@@ -337,10 +223,43 @@ fn body_of(args: &RegisterArgs) -> Result<Vec<u8>> {
         .with_context(|| format!("cannot read {}", args.file.display()))?;
     let rows = match args.format {
         Format::Json => return Ok(raw),
-        Format::Csv => read_csv(&String::from_utf8_lossy(&raw))?,
+        Format::Csv => read_csv(&args.file)?,
         Format::Clinc => read_clinc(&String::from_utf8_lossy(&raw), &args.split)?,
     };
     Ok(serde_json::to_vec(&intent_body(args, &rows)?)?)
+}
+
+/// Follows a registration to its end with a progress bar (examples scored,
+/// rate, ETA); the task as last seen.
+pub fn follow(client: &Client, id: &str, interval: Duration) -> Result<Value> {
+    let progress = Progress::new(0, "task");
+    loop {
+        let reply = client.get(&format!("/v1/tasks/{id}"))?;
+        if reply.status != 200 {
+            bail!("cannot follow the task {id}: {}", reply.error());
+        }
+        let task = reply.body;
+        let p = &task["progress"];
+        let finished = !matches!(task["status"].as_str(), Some("queued" | "running"));
+        progress.set_message(format!(
+            "task `{}` {}",
+            task["name"].as_str().unwrap_or("?"),
+            task["status"].as_str().unwrap_or("?")
+        ));
+        if finished {
+            progress.set(
+                p["done"].as_u64().unwrap_or(0),
+                p["total"].as_u64().unwrap_or(0),
+            );
+            progress.finish();
+            return Ok(task);
+        }
+        progress.set(
+            p["done"].as_u64().unwrap_or(0),
+            p["total"].as_u64().unwrap_or(0),
+        );
+        std::thread::sleep(interval);
+    }
 }
 
 /// Registers the task, follows it to its end, prints the figures. Fails
@@ -352,11 +271,10 @@ pub fn run(args: RegisterArgs) -> Result<()> {
         println!();
         return Ok(());
     }
-    let addr = authority(&args.server)?;
-    let key = args.api_key.as_deref();
-    let reply = request(&addr, key, "POST", "/v1/tasks", Some(&body))?;
+    let client = Client::new(&args.server, args.api_key.clone(), Duration::from_secs(300))?;
+    let reply = client.post_raw("/v1/tasks", &body)?;
     if reply.status != 202 {
-        bail!("the server refused the registration: {}", error_of(&reply));
+        bail!("the server refused the registration: {}", reply.error());
     }
     let id = reply.body["id"]
         .as_str()
@@ -366,29 +284,11 @@ pub fn run(args: RegisterArgs) -> Result<()> {
         "task `{}` registered as {id}",
         reply.body["name"].as_str().unwrap_or("?")
     );
-    let tty = std::io::stderr().is_terminal();
-    let mut last_line = Instant::now();
-    let task = loop {
-        let reply = request(&addr, key, "GET", &format!("/v1/tasks/{id}"), None)?;
-        if reply.status != 200 {
-            bail!("cannot follow the task: {}", error_of(&reply));
-        }
-        let status = reply.body["status"].as_str().unwrap_or("").to_string();
-        let finished = !matches!(status.as_str(), "queued" | "running");
-        if tty {
-            eprint!("\r{}\x1b[K", bar(&reply.body, 30));
-        } else if finished || last_line.elapsed() >= Duration::from_secs(10) {
-            last_line = Instant::now();
-            eprintln!("{}", bar(&reply.body, 30));
-        }
-        if finished {
-            if tty {
-                eprintln!();
-            }
-            break reply.body;
-        }
-        std::thread::sleep(Duration::from_secs_f64(args.interval.max(0.05)));
-    };
+    let task = follow(
+        &client,
+        &id,
+        Duration::from_secs_f64(args.interval.max(0.05)),
+    )?;
     match task["status"].as_str() {
         Some("ready") => {}
         Some("failed") => bail!(

@@ -663,7 +663,7 @@ fn the_register_command_shows_progress_and_the_figures() {
         String::from_utf8_lossy(&out.stderr),
     );
     assert!(out.status.success(), "{stdout}\n{stderr}");
-    assert!(stderr.contains("16/16 ready"), "{stderr}");
+    assert!(stderr.contains("ready 16/16"), "{stderr}");
     let t = get(&s, "/v1/tasks").json()["data"][0].clone();
     let want = format!("T = {:.4}", t["result"]["temperature"].as_f64().unwrap());
     assert!(stdout.contains(&want), "{stdout}");

@@ -1,0 +1,807 @@
+//! `decisio suite run`: asks a server a suite through its public API and
+//! writes the run record.
+//!
+//! Every answer is appended to `OUT/journal.jsonl` as it arrives (a line
+//! written whole and flushed), so a run that is interrupted (Ctrl-C,
+//! `kill -9`, the server restarting) continues from what it recorded when it
+//! is started again with the same `--out`: nothing is asked twice and
+//! nothing is lost. A torn last line is dropped. The journal's first line
+//! names the suite and the server; a resumption against another suite file
+//! or another served configuration is refused.
+//!
+//! Questions sharing a state go in one `POST /v1/decide` (up to
+//! `--questions-per-request`), `--concurrency` requests at a time, each
+//! question at temperature 1 so that fitted temperatures are absolute.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fs::{File, OpenOptions};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use super::data::{self, Item};
+use super::record::{
+    AnswerRecord, ChoiceRecord, Conformance, IntentRecord, Latency, Quantiles, Record,
+    ServedHoldout, SetFigures, SuiteId, RECORD_FORMAT,
+};
+use super::{Extra, Loaded};
+use crate::client::Client;
+use crate::progress::Progress;
+use crate::rng::SplitMix;
+
+/// The arguments of `decisio suite run`.
+#[derive(clap::Args)]
+pub struct RunArgs {
+    /// The suite file (YAML or JSON).
+    #[arg(long)]
+    pub suite: PathBuf,
+    /// The run record's folder (`runs/<date>_<name>/`); an unfinished run
+    /// there is resumed.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// The server's base URL.
+    #[arg(long, default_value = "http://127.0.0.1:8000")]
+    pub server: String,
+    /// Sent as `Authorization: Bearer <key>`.
+    #[arg(long, env = "DECISIO_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// A folder where the suite's data files are looked for (after the
+    /// suite file's own folder); may be given more than once.
+    #[arg(long)]
+    pub data: Vec<PathBuf>,
+    /// Requests in flight at once.
+    #[arg(long, default_value_t = 2)]
+    pub concurrency: usize,
+    /// Questions of one state sent in one request, at most.
+    #[arg(long, default_value_t = 32)]
+    pub questions_per_request: usize,
+    /// Seconds a request may take.
+    #[arg(long, default_value_t = 600.0)]
+    pub timeout: f64,
+    /// Seconds a request keeps retrying while the server is away (a
+    /// restart) or busy (503).
+    #[arg(long, default_value_t = 300.0)]
+    pub retry_for: f64,
+    /// A TrueType font for the plots' text (default: DejaVu Sans or Arial
+    /// where installed; no font, no plots).
+    #[arg(long)]
+    pub font: Option<PathBuf>,
+}
+
+/// One line of the journal.
+#[derive(Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+enum Line {
+    Start {
+        suite: String,
+        server: Value,
+        model: String,
+    },
+    Answer {
+        set: String,
+        answer: AnswerRecord,
+        /// Milliseconds of the request over its questions.
+        ms: f64,
+        cached: bool,
+        /// Seconds since this session started.
+        t: f64,
+    },
+    Conformance {
+        record: Conformance,
+        ms: f64,
+        cached: bool,
+        t: f64,
+    },
+    Intent {
+        record: IntentRecord,
+        t: f64,
+    },
+}
+
+struct Journal {
+    file: File,
+    started: Instant,
+}
+
+impl Journal {
+    fn write(&mut self, line: &Line) -> Result<()> {
+        let mut text = serde_json::to_string(line)?;
+        text.push('\n');
+        self.file.write_all(text.as_bytes())?;
+        self.file.flush()?;
+        Ok(())
+    }
+
+    fn t(&self) -> f64 {
+        self.started.elapsed().as_secs_f64()
+    }
+}
+
+/// The lines of a journal; a torn last line is dropped and the file
+/// rewritten without it.
+fn read_journal(path: &Path) -> Result<Vec<Line>> {
+    if !path.exists() {
+        return Ok(Vec::new());
+    }
+    let reader = BufReader::new(File::open(path)?);
+    let mut lines = Vec::new();
+    let mut keep = String::new();
+    let mut torn = false;
+    for raw in reader.split(b'\n') {
+        let raw = raw?;
+        match serde_json::from_slice::<Line>(&raw) {
+            Ok(l) => {
+                keep.push_str(std::str::from_utf8(&raw)?);
+                keep.push('\n');
+                lines.push(l);
+            }
+            Err(_) if raw.iter().all(u8::is_ascii_whitespace) => {}
+            Err(_) => torn = true,
+        }
+    }
+    if torn {
+        let tmp = path.with_extension("jsonl.tmp");
+        std::fs::write(&tmp, keep)?;
+        std::fs::rename(&tmp, path)?;
+    }
+    Ok(lines)
+}
+
+/// An answer from the server's JSON, its values by letter in option order.
+fn answer_of(v: &Value, item: &Item) -> Result<AnswerRecord> {
+    let by_letter = |field: &str| -> Result<Vec<f32>> {
+        (0..item.options.len())
+            .map(|i| {
+                let letter = ((b'A' + i as u8) as char).to_string();
+                v[field][&letter]
+                    .as_f64()
+                    .map(|x| x as f32)
+                    .with_context(|| format!("the answer to `{}` has no {field}.{letter}", item.id))
+            })
+            .collect()
+    };
+    Ok(AnswerRecord {
+        id: item.id.clone(),
+        gold: item.answer,
+        index: v["index"].as_u64().map(|i| i as usize),
+        probabilities: by_letter("probabilities")?,
+        letter_logprobs: by_letter("letter_logprobs")?,
+    })
+}
+
+fn question(item: &Item) -> Value {
+    json!({"id": item.id, "text": item.question, "options": item.options, "temperature": 1.0})
+}
+
+/// Asks `items` (of one state) in one request: (answers, ms per question,
+/// whether the state was cached).
+fn ask(client: &Client, model: &str, items: &[&Item]) -> Result<(Vec<AnswerRecord>, f64, bool)> {
+    let body = json!({
+        "model": model,
+        "state": items[0].state,
+        "questions": items.iter().map(|i| question(i)).collect::<Vec<_>>(),
+    });
+    let t0 = Instant::now();
+    let reply = client.post("/v1/decide", &body)?;
+    let ms = t0.elapsed().as_secs_f64() * 1e3 / items.len() as f64;
+    if reply.status != 200 {
+        bail!(
+            "the server refused the question `{}`: {}",
+            items[0].id,
+            reply.error()
+        );
+    }
+    let answers = reply.body["answers"]
+        .as_array()
+        .context("the decision reply has no answers")?;
+    if answers.len() != items.len() {
+        bail!("{} questions asked, {} answers", items.len(), answers.len());
+    }
+    let out = answers
+        .iter()
+        .zip(items)
+        .map(|(a, i)| answer_of(a, i))
+        .collect::<Result<_>>()?;
+    Ok((
+        out,
+        ms,
+        reply.body["state"]["cached"].as_bool().unwrap_or(false),
+    ))
+}
+
+fn bar(len: usize, what: &str) -> Progress {
+    Progress::new(len as u64, what)
+}
+
+/// The TrueType font of the plots: `--font`, else a usual system font.
+fn font(args: &RunArgs) -> Option<PathBuf> {
+    if let Some(f) = &args.font {
+        return Some(f.clone());
+    }
+    [
+        "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+        "/System/Library/Fonts/Supplemental/Arial.ttf",
+        "/Library/Fonts/Arial.ttf",
+    ]
+    .iter()
+    .map(PathBuf::from)
+    .find(|p| p.is_file())
+}
+
+/// A task name for an intent set of this suite.
+fn task_name(suite: &str, set: &str) -> String {
+    let clean = |s: &str| -> String {
+        s.chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' {
+                    c
+                } else {
+                    '-'
+                }
+            })
+            .collect()
+    };
+    format!("suite.{}.{}", clean(suite), clean(set))
+}
+
+/// Registers an intent set (or finds its registration from an interrupted
+/// run), follows it, reads its heads over draws, and deletes the task.
+fn intent(client: &Client, loaded: &Loaded, set: &super::IntentSet) -> Result<IntentRecord> {
+    let rows = data::intent_rows(loaded, set)?;
+    let name = task_name(&loaded.suite.name, &set.name);
+    let reg = crate::register::Intent {
+        name: &name,
+        question: &set.question,
+        holdout: set.holdout,
+        seed: Some(loaded.suite.seed as i64),
+        layer: set.layer,
+        draws: Some(set.draws as i64),
+        shots: Some(set.shots as i64),
+    };
+    let body = reg.body(&rows);
+    let labels = body["labels"].as_array().map_or(0, Vec::len);
+    let reply = client.post("/v1/tasks", &body)?;
+    let id = match reply.status {
+        202 => reply.body["id"].as_str().context("no task id")?.to_string(),
+        409 if reply.body["error"]["code"] == "task_exists" => {
+            let list = client.get("/v1/tasks")?;
+            let found = list.body["data"]
+                .as_array()
+                .and_then(|d| d.iter().find(|t| t["name"] == name.as_str()))
+                .with_context(|| format!("the task `{name}` exists but is not listed"))?;
+            if found["status"] == "failed" {
+                client.delete(&format!("/v1/tasks/{}", found["id"].as_str().unwrap_or("")))?;
+                return intent(client, loaded, set);
+            }
+            eprintln!(
+                "intent set `{}`: following the registration `{name}` of an interrupted run",
+                set.name
+            );
+            found["id"].as_str().context("no task id")?.to_string()
+        }
+        _ => bail!(
+            "the server refused the intent set `{}`: {}",
+            set.name,
+            reply.error()
+        ),
+    };
+    let task = crate::register::follow(client, &id, Duration::from_secs(1))?;
+    if task["status"] != "ready" {
+        bail!(
+            "the intent set `{}` ended {}: {}",
+            set.name,
+            task["status"],
+            task["error"].as_str().unwrap_or("no reason given")
+        );
+    }
+    let r = &task["result"];
+    let d = &r["draws"];
+    let served = served_holdout(client, &name, &rows, r)?;
+    let record = IntentRecord {
+        name: set.name.clone(),
+        labels,
+        examples: rows.len(),
+        draws: set.draws,
+        shots: set.shots,
+        per_draw: serde_json::from_value(d["per_draw"].clone())
+            .context("the task's result has no draws")?,
+        accuracy_mean: d["accuracy_mean"].as_f64().unwrap_or(f64::NAN),
+        accuracy_sd: d["accuracy_sd"].as_f64().unwrap_or(f64::NAN),
+        ece_mean: d["ece_mean"].as_f64().unwrap_or(f64::NAN),
+        ece_sd: d["ece_sd"].as_f64().unwrap_or(f64::NAN),
+        after: serde_json::from_value(r["after"].clone())
+            .context("the task's result has no figures")?,
+        served,
+        result: r.clone(),
+    };
+    let deleted = client.delete(&format!("/v1/tasks/{id}"))?;
+    if deleted.status != 200 {
+        eprintln!(
+            "warning: the task `{name}` could not be deleted: {}",
+            deleted.error()
+        );
+    }
+    Ok(record)
+}
+
+/// The task's held-out examples asked again as served decisions, their
+/// accuracy and NLL beside the registration's figures at its temperature.
+fn served_holdout(
+    client: &Client,
+    name: &str,
+    rows: &[(String, String)],
+    result: &Value,
+) -> Result<ServedHoldout> {
+    let held: Vec<usize> = serde_json::from_value(result["holdout_indices"].clone())
+        .context("the task's result has no holdout")?;
+    let pb = bar(held.len(), "intent holdout, served");
+    let (mut right, mut nll) = (0usize, 0f64);
+    for &i in &held {
+        let (text, label) = rows.get(i).context("a holdout index beyond the examples")?;
+        let reply = client.post(
+            "/v1/decide",
+            &json!({"state": text, "questions": [{"task": name}]}),
+        )?;
+        if reply.status != 200 {
+            bail!(
+                "the server refused a held-out example of `{name}`: {}",
+                reply.error()
+            );
+        }
+        let probs = reply.body["answers"][0]["probabilities"]
+            .as_object()
+            .context("a served intent answer has no probabilities")?;
+        let p = probs.get(label).and_then(Value::as_f64).unwrap_or(0.0);
+        let best = probs
+            .iter()
+            .filter_map(|(l, v)| Some((l, v.as_f64()?)))
+            .fold(None::<(&String, f64)>, |b, (l, v)| match b {
+                Some((_, bv)) if bv >= v => b,
+                _ => Some((l, v)),
+            });
+        if best.is_some_and(|(l, _)| l == label) {
+            right += 1;
+        }
+        nll -= p.max(f64::MIN_POSITIVE).ln();
+        pb.inc(1);
+    }
+    pb.finish();
+    let n = held.len().max(1) as f64;
+    let (accuracy, nll) = (right as f64 / n, nll / n);
+    let after = &result["after"];
+    let registration_accuracy = after["accuracy"].as_f64().unwrap_or(f64::NAN);
+    let registration_nll = after["nll"].as_f64().unwrap_or(f64::NAN);
+    Ok(ServedHoldout {
+        questions: held.len(),
+        accuracy,
+        nll,
+        registration_accuracy,
+        registration_nll,
+        equal: accuracy == registration_accuracy && (nll - registration_nll).abs() <= 1e-6,
+    })
+}
+
+/// Memory figures of the server's `/metrics`: the prefix cache's bytes and
+/// any gauge whose name says memory.
+fn memory(client: &Client) -> Result<Value> {
+    let (status, text) = client.text("/metrics")?;
+    if status != 200 {
+        bail!("GET /metrics answered {status}");
+    }
+    let mut m = serde_json::Map::new();
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some((name, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        if name.starts_with("decisio_prefix_cache") || name.contains("memory") {
+            if let Ok(v) = value.parse::<f64>() {
+                m.insert(name.to_string(), v.into());
+            }
+        }
+    }
+    Ok(Value::Object(m))
+}
+
+/// Runs the suite and writes the record; returns it.
+pub fn run(args: &RunArgs) -> Result<Record> {
+    let loaded = Loaded::read(&args.suite, &args.data)?;
+    let suite = &loaded.suite;
+    let client = Client::new(
+        &args.server,
+        args.api_key.clone(),
+        Duration::from_secs_f64(args.timeout),
+    )?
+    .retry_for(Duration::from_secs_f64(args.retry_for));
+
+    // Every set's data first: a missing file fails before anything is asked.
+    let mut sets: Vec<(String, Vec<Item>)> = Vec::new();
+    for c in &suite.choice_sets {
+        sets.push((c.name.clone(), data::choice_items(&loaded, c)?));
+    }
+    for i in &suite.intent_sets {
+        data::intent_rows(&loaded, i)?;
+    }
+
+    let models = client.get("/v1/models")?;
+    if models.status != 200 {
+        bail!("GET /v1/models: {}", models.error());
+    }
+    let card = &models.body["data"][0];
+    let model = card["id"]
+        .as_str()
+        .context("the server names no model")?
+        .to_string();
+    let server = card["decisio"].clone();
+    if !server.is_object() {
+        bail!("the server at {} does not describe what it serves (`decisio` of /v1/models): is it a decisio server of this version?", args.server);
+    }
+
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("cannot create {}", args.out.display()))?;
+    let journal_path = args.out.join("journal.jsonl");
+    let old = read_journal(&journal_path)?;
+    let sessions = old
+        .iter()
+        .filter(|l| matches!(l, Line::Start { .. }))
+        .count();
+    if let Some(Line::Start {
+        suite: d,
+        server: s,
+        model: m,
+    }) = old.first()
+    {
+        if *d != loaded.digest {
+            bail!(
+                "{} holds a run of another suite file (digest {}); give a new --out",
+                args.out.display(),
+                &d[..12]
+            );
+        }
+        let same = |k: &str| s[k] == server[k];
+        if !(same("model_identity")
+            && same("tokenizer_identity")
+            && same("backend")
+            && same("padding")
+            && same("default_temperature")
+            && *m == model)
+        {
+            bail!(
+                "{} holds a run against another served configuration ({} `{}`, model identity {}); give a new --out",
+                args.out.display(),
+                s["backend"],
+                m,
+                s["model_identity"]
+            );
+        }
+        eprintln!(
+            "resuming the run in {} ({} lines recorded)",
+            args.out.display(),
+            old.len()
+        );
+    }
+    let file = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&journal_path)?;
+    let journal = Mutex::new(Journal {
+        file,
+        started: Instant::now(),
+    });
+    journal.lock().expect("journal").write(&Line::Start {
+        suite: loaded.digest.clone(),
+        server: server.clone(),
+        model: model.clone(),
+    })?;
+
+    let mut done: HashSet<(String, String)> = HashSet::new();
+    let mut conformed: HashSet<(String, String)> = HashSet::new();
+    let mut intents_done: HashSet<String> = HashSet::new();
+    for l in &old {
+        match l {
+            Line::Answer { set, answer, .. } => {
+                done.insert((set.clone(), answer.id.clone()));
+            }
+            Line::Conformance { record, .. } => {
+                conformed.insert((record.set.clone(), record.id.clone()));
+            }
+            Line::Intent { record, .. } => {
+                intents_done.insert(record.name.clone());
+            }
+            Line::Start { .. } => {}
+        }
+    }
+
+    // The requests: the pending questions of each state, in chunks.
+    let mut work: Vec<(usize, Vec<usize>)> = Vec::new();
+    for (s, (name, items)) in sets.iter().enumerate() {
+        let mut by_state: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+        let mut order: Vec<&str> = Vec::new();
+        for (i, it) in items.iter().enumerate() {
+            if done.contains(&(name.clone(), it.id.clone())) {
+                continue;
+            }
+            let e = by_state.entry(&it.state).or_default();
+            if e.is_empty() {
+                order.push(&it.state);
+            }
+            e.push(i);
+        }
+        for st in order {
+            for chunk in by_state[st].chunks(args.questions_per_request.max(1)) {
+                work.push((s, chunk.to_vec()));
+            }
+        }
+    }
+    let pending: usize = work.iter().map(|(_, c)| c.len()).sum();
+    if pending > 0 {
+        let pb = bar(pending, "choice questions");
+        let next = AtomicUsize::new(0);
+        let stop = AtomicBool::new(false);
+        let first_error: Mutex<Option<anyhow::Error>> = Mutex::new(None);
+        std::thread::scope(|scope| {
+            for _ in 0..args.concurrency.max(1) {
+                scope.spawn(|| {
+                    while !stop.load(Ordering::Relaxed) {
+                        let k = next.fetch_add(1, Ordering::Relaxed);
+                        let Some((s, idx)) = work.get(k) else { break };
+                        let (name, items) = &sets[*s];
+                        let chosen: Vec<&Item> = idx.iter().map(|&i| &items[i]).collect();
+                        let outcome =
+                            ask(&client, &model, &chosen).and_then(|(answers, ms, cached)| {
+                                let mut j = journal.lock().expect("journal");
+                                for answer in answers {
+                                    let t = j.t();
+                                    j.write(&Line::Answer {
+                                        set: name.clone(),
+                                        answer,
+                                        ms,
+                                        cached,
+                                        t,
+                                    })?;
+                                }
+                                Ok(())
+                            });
+                        match outcome {
+                            Ok(()) => pb.inc(chosen.len() as u64),
+                            Err(e) => {
+                                stop.store(true, Ordering::Relaxed);
+                                first_error.lock().expect("error").get_or_insert(e);
+                            }
+                        }
+                    }
+                });
+            }
+        });
+        pb.finish();
+        if let Some(e) = first_error.into_inner().expect("error") {
+            return Err(e.context(format!(
+                "the run stopped; what was answered is in {}: run the same command again to resume",
+                journal_path.display()
+            )));
+        }
+    }
+
+    // Conformance: a seeded sample of each set, each question alone.
+    let mut sample: Vec<(usize, usize)> = Vec::new();
+    for (s, (name, items)) in sets.iter().enumerate() {
+        let mut idx: Vec<usize> = (0..items.len()).collect();
+        let mut rng =
+            SplitMix::new(suite.seed ^ (s as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        rng.shuffle(&mut idx);
+        for i in idx.into_iter().take(suite.conformance) {
+            if !conformed.contains(&(name.clone(), items[i].id.clone())) {
+                sample.push((s, i));
+            }
+        }
+    }
+    let answers_now = || -> Result<HashMap<(String, String), AnswerRecord>> {
+        Ok(read_journal(&journal_path)?
+            .into_iter()
+            .filter_map(|l| match l {
+                Line::Answer { set, answer, .. } => Some(((set, answer.id.clone()), answer)),
+                _ => None,
+            })
+            .collect())
+    };
+    if !sample.is_empty() {
+        let answers = answers_now()?;
+        let pb = bar(sample.len(), "conformance");
+        for (s, i) in sample {
+            let (name, items) = &sets[s];
+            let item = &items[i];
+            let (mut got, ms, cached) = ask(&client, &model, &[item])?;
+            let got = got.remove(0);
+            let suite_answer = answers
+                .get(&(name.clone(), item.id.clone()))
+                .context("a conformance question has no recorded answer")?;
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            let equal = bits(&got.probabilities) == bits(&suite_answer.probabilities)
+                && bits(&got.letter_logprobs) == bits(&suite_answer.letter_logprobs);
+            let record = Conformance {
+                set: name.clone(),
+                id: item.id.clone(),
+                surface: "decide".into(),
+                probabilities: got.probabilities,
+                letter_logprobs: got.letter_logprobs,
+                equal,
+            };
+            let mut j = journal.lock().expect("journal");
+            let t = j.t();
+            j.write(&Line::Conformance {
+                record,
+                ms,
+                cached,
+                t,
+            })?;
+            pb.inc(1);
+        }
+        pb.finish();
+    }
+
+    for set in &suite.intent_sets {
+        if intents_done.contains(&set.name) {
+            continue;
+        }
+        eprintln!("intent set `{}`: registering", set.name);
+        let record = intent(&client, &loaded, set)?;
+        let mut j = journal.lock().expect("journal");
+        let t = j.t();
+        j.write(&Line::Intent { record, t })?;
+    }
+
+    let memory = if suite.record.contains(&Extra::Memory) {
+        Some(memory(&client)?)
+    } else {
+        None
+    };
+    let record = assemble(
+        &loaded,
+        &sets,
+        &journal_path,
+        server,
+        model,
+        memory,
+        sessions as u32,
+    )?;
+    write(&record, &args.out, font(args).as_deref())?;
+    Ok(record)
+}
+
+/// The record from the journal.
+fn assemble(
+    loaded: &Loaded,
+    sets: &[(String, Vec<Item>)],
+    journal: &Path,
+    server: Value,
+    model: String,
+    memory: Option<Value>,
+    resumed: u32,
+) -> Result<Record> {
+    let lines = read_journal(journal)?;
+    let mut answers: HashMap<(String, String), AnswerRecord> = HashMap::new();
+    let (mut new_ms, mut cached_ms) = (Vec::new(), Vec::new());
+    let mut conformance = Vec::new();
+    let mut intents: HashMap<String, IntentRecord> = HashMap::new();
+    let mut seconds = 0.0f64;
+    let mut session_t = 0.0f64;
+    for l in lines {
+        match l {
+            Line::Start { .. } => {
+                seconds += session_t;
+                session_t = 0.0;
+            }
+            Line::Answer {
+                set,
+                answer,
+                ms,
+                cached,
+                t,
+            } => {
+                if !cached {
+                    new_ms.push(ms);
+                }
+                session_t = t;
+                answers.insert((set, answer.id.clone()), answer);
+            }
+            Line::Conformance {
+                record,
+                ms,
+                cached,
+                t,
+            } => {
+                if cached {
+                    cached_ms.push(ms);
+                }
+                session_t = t;
+                conformance.push(record);
+            }
+            Line::Intent { record, t } => {
+                session_t = t;
+                intents.insert(record.name.clone(), record);
+            }
+        }
+    }
+    seconds += session_t;
+    let suite = &loaded.suite;
+    let mut choice_sets = Vec::new();
+    for (name, items) in sets {
+        let list: Vec<AnswerRecord> = items
+            .iter()
+            .map(|it| {
+                answers
+                    .remove(&(name.clone(), it.id.clone()))
+                    .with_context(|| format!("no answer recorded for `{}` of `{name}`", it.id))
+            })
+            .collect::<Result<_>>()?;
+        let refs: Vec<&AnswerRecord> = list.iter().collect();
+        choice_sets.push(ChoiceRecord {
+            name: name.clone(),
+            figures: SetFigures::of(&refs),
+            answers: list,
+        });
+    }
+    let all: Vec<&AnswerRecord> = choice_sets.iter().flat_map(|c| &c.answers).collect();
+    let intent_sets = suite
+        .intent_sets
+        .iter()
+        .map(|s| {
+            intents.remove(&s.name).with_context(|| {
+                format!("no registration recorded for the intent set `{}`", s.name)
+            })
+        })
+        .collect::<Result<_>>()?;
+    Ok(Record {
+        format: RECORD_FORMAT.into(),
+        suite: SuiteId {
+            name: suite.name.clone(),
+            version: suite.version,
+            digest: loaded.digest.clone(),
+            seed: suite.seed,
+        },
+        server,
+        model,
+        client_version: env!("CARGO_PKG_VERSION").into(),
+        request_settings: json!({
+            "temperature": 1.0,
+            "multi_question": "the server's default",
+            "abstain_below": null,
+        }),
+        pooled: SetFigures::of(&all),
+        choice_sets,
+        intent_sets,
+        conformance,
+        latency: suite.record.contains(&Extra::Latency).then(|| Latency {
+            new_state: Quantiles::of(new_ms),
+            cached_state: Quantiles::of(cached_ms),
+        }),
+        memory,
+        seconds,
+        resumed,
+    })
+}
+
+/// Writes `record.json`, `summary.md` and the plots into `out`.
+pub fn write(record: &Record, out: &Path, font: Option<&Path>) -> Result<()> {
+    let mut text = serde_json::to_string_pretty(record)?;
+    text.push('\n');
+    std::fs::write(out.join("record.json"), text)?;
+    let mut md = record.summary();
+    match font {
+        Some(f) => {
+            let files = super::plot::reliability(record, out, f)?;
+            md.push_str("\n## Plots\n\n");
+            for name in files {
+                md.push_str(&format!("![{name}]({name})\n"));
+            }
+        }
+        None => eprintln!("no font found: plots skipped (give one with --font FILE.ttf)"),
+    }
+    std::fs::write(out.join("summary.md"), md)?;
+    Ok(())
+}
