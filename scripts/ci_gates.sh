@@ -7,7 +7,9 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release/decisio
 RECORDS=$ROOT/runs/2026-12-02_gates
-MODEL=${DECISIO_MODEL:-$DECISIO_CACHE/models/smollm2-135m-instruct}
+CACHE=${DECISIO_CACHE:-$HOME/.cache/decisio}
+MODEL=${DECISIO_MODEL:-$CACHE/models/smollm2-135m-instruct}
+ASSETS=${DECISIO_ASSETS:-$CACHE/assets}
 WORK=$(mktemp -d)
 PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 "$BIN" serve --model "$MODEL" --served-model-name smollm2 --port "$PORT" --state-dir "$WORK/state" \
@@ -19,7 +21,7 @@ until curl -sf "http://127.0.0.1:$PORT/health" >/dev/null; do
   sleep 0.3
 done
 "$BIN" suite run --server "http://127.0.0.1:$PORT" --suite "$ROOT/suites/small.yaml" \
-  --data "$DECISIO_ASSETS" --out "$WORK/record" >/dev/null
+  --data "$ASSETS" --out "$WORK/record" >/dev/null
 echo "[gates] the fixture on a fresh server against the dense reference:"
 "$BIN" gate --record "$WORK/record" --against "$RECORDS/reference-dense" --gates "$ROOT/suites/gates.yaml"
 echo "[gates] the 2-bit conversion against the dense reference (must fail):"

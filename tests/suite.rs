@@ -2,7 +2,8 @@
 //! model: a record and its figures, resumption after the runner is killed
 //! and after the server restarts, refusals that name what is wrong, and the
 //! gates on the committed records (runs/2026-12-02_gates): the fixture
-//! passes against the dense reference, the 2-bit conversion fails.
+//! passes against the dense reference, the 2-bit conversion fails, the
+//! fixture and the vLLM backend answer bit for bit on fresh servers.
 
 mod common;
 
@@ -311,9 +312,18 @@ fn the_committed_records_gate_as_they_should() {
         "{stdout}"
     );
     assert!(!stdout.contains("FAIL  conformance"), "{stdout}");
-    // The fixture on two fresh servers: bit for bit.
+    // The fixture on two fresh servers: bit for bit; the vLLM backend in
+    // front of an MLX gateway too, and it passes against the MLX record.
     let (code, stdout, _) = gate("fixture-q4-again", "fixture-q4", &["--bitwise"]);
     assert_eq!(code, Some(0), "{stdout}");
+    let (code, stdout, _) = gate("vllm-backend-again", "vllm-backend", &["--bitwise"]);
+    assert_eq!(code, Some(0), "{stdout}");
+    let (code, stdout, _) = gate("vllm-backend", "fixture-q4", &[]);
+    assert_eq!(code, Some(0), "{stdout}");
+    assert!(
+        stdout.contains("pass  conformance mmlu-subjects"),
+        "{stdout}"
+    );
     // A record of another tokenizer is refused, unless forced.
     let dir = common::fresh_dir("gate");
     let mut other: Value = serde_json::from_str(
