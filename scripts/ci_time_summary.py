@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-STAGES = ["setup", "reference", "rust", "e2e"]
+STAGES = ["setup", "reference", "rust", "e2e", "gates"]
 
 
 def minutes(s):
@@ -21,7 +21,8 @@ def main():
     lines = ["# CI time: `.ci/run` on a fresh clone, stage by stage", ""]
     lines += ["Minutes per stage (`setup`: scripts/setup.sh; `reference`: the Python "
               "reference figures; `rust`: the Rust test binaries, built and run; `e2e`: the "
-              "OpenAI SDK tests). `new`: an empty `DECISIO_CACHE`; `cached`: a second fresh "
+              "OpenAI SDK tests; `gates`: the small suite on the fixture gated against the "
+              "committed records, from `7f6f849` on). `new`: an empty `DECISIO_CACHE`; `cached`: a second fresh "
               "clone with the cache of the first.", ""]
     lines.append("| revision | mode | " + " | ".join(STAGES) + " | total | exit |")
     lines.append("|---|---|" + "---:|" * (len(STAGES) + 1) + "---:|")
