@@ -459,18 +459,7 @@ pub fn run(args: &GateArgs) -> Result<bool> {
                 ))
             })
             .collect();
-        let font = args
-            .font
-            .clone()
-            .or_else(|| {
-                [
-                    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
-                    "/System/Library/Fonts/Supplemental/Arial.ttf",
-                ]
-                .iter()
-                .map(PathBuf::from)
-                .find(|p| p.is_file())
-            })
+        let font = super::plot::font(args.font.as_deref())
             .context("no font for the plot: give one with --font FILE.ttf")?;
         super::plot::accuracy(
             &rows,

@@ -12,6 +12,22 @@ use plotters::prelude::*;
 use super::record::Record;
 use crate::tasks::calibrate::Figures;
 
+/// The plots' TrueType font: the one given, else the first usual system
+/// font found (DejaVu Sans on Debian, Arial on macOS).
+pub fn font(given: Option<&Path>) -> Option<std::path::PathBuf> {
+    if let Some(f) = given {
+        return Some(f.to_path_buf());
+    }
+    [
+        "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+        "/System/Library/Fonts/Supplemental/Arial.ttf",
+        "/Library/Fonts/Arial.ttf",
+    ]
+    .iter()
+    .map(std::path::PathBuf::from)
+    .find(|p| p.is_file())
+}
+
 /// Registers the TrueType font the plots' text is drawn with (once).
 pub fn register_font(font: &Path) -> Result<()> {
     static ONCE: Once = Once::new();

@@ -219,21 +219,6 @@ fn bar(len: usize, what: &str) -> Progress {
     Progress::new(len as u64, what)
 }
 
-/// The TrueType font of the plots: `--font`, else a usual system font.
-fn font(args: &RunArgs) -> Option<PathBuf> {
-    if let Some(f) = &args.font {
-        return Some(f.clone());
-    }
-    [
-        "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
-        "/System/Library/Fonts/Supplemental/Arial.ttf",
-        "/Library/Fonts/Arial.ttf",
-    ]
-    .iter()
-    .map(PathBuf::from)
-    .find(|p| p.is_file())
-}
-
 /// A task name for an intent set of this suite.
 fn task_name(suite: &str, set: &str) -> String {
     let clean = |s: &str| -> String {
@@ -669,7 +654,11 @@ pub fn run(args: &RunArgs) -> Result<Record> {
         memory,
         sessions as u32,
     )?;
-    write(&record, &args.out, font(args).as_deref())?;
+    write(
+        &record,
+        &args.out,
+        super::plot::font(args.font.as_deref()).as_deref(),
+    )?;
     Ok(record)
 }
 
