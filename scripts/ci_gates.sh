@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The `gates` stage of `make test`: the small suite on the fixture, on a
-# fresh server, gated against the committed dense reference record (must
-# pass); the committed 2-bit record gated against it too (must fail: the
-# gates bite). Records made by `make gate` (scripts/gate_records.py).
+# fresh server (its chat questions asked again through the OpenAI SDK),
+# gated against the committed dense reference record (must pass); the
+# committed 2-bit record gated against it too (must fail: the gates bite). Records made by `make gate` (scripts/gate_records.py).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release/decisio
@@ -22,6 +22,9 @@ until curl -sf "http://127.0.0.1:$PORT/health" >/dev/null; do
 done
 "$BIN" suite run --server "http://127.0.0.1:$PORT" --suite "$ROOT/suites/small.yaml" \
   --data "$ASSETS" --out "$WORK/record" >/dev/null
+# The chat questions again through the OpenAI SDK (make setup's venv).
+"$CACHE/venv/bin/python" "$ROOT/scripts/sdk_conformance.py" --record "$WORK/record" \
+  --server "http://127.0.0.1:$PORT"
 echo "[gates] the fixture on a fresh server against the dense reference:"
 "$BIN" gate --record "$WORK/record" --against "$RECORDS/reference-dense" --gates "$ROOT/suites/gates.yaml"
 echo "[gates] the 2-bit conversion against the dense reference (must fail):"

@@ -31,6 +31,8 @@ BIN = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target")) / "release/decis
 GGUF = CACHE / "assets/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 FIXTURE = Path(os.environ.get("DECISIO_MODEL", CACHE / "models/smollm2-135m-instruct"))
 ASSETS = Path(os.environ.get("DECISIO_ASSETS", CACHE / "assets"))
+# The Python with the OpenAI SDK (make setup's virtual environment).
+SDK_PYTHON = CACHE / "venv/bin/python"
 
 
 def free_port():
@@ -82,6 +84,8 @@ def convert(weights):
 
 
 def suite_run(url, suite, out):
+    """The suite against the server at URL, then its chat questions again
+    through the OpenAI SDK (scripts/sdk_conformance.py) while it is up."""
     if (out / "record.json").exists():
         print(f"[gate] {out.name}: kept")
         return
@@ -89,6 +93,8 @@ def suite_run(url, suite, out):
     subprocess.run([str(BIN), "suite", "run", "--server", url, "--suite", str(suite),
                     "--data", str(ASSETS), "--out", str(out)],
                    check=True, stdout=subprocess.DEVNULL)
+    subprocess.run([str(SDK_PYTHON), str(ROOT / "scripts/sdk_conformance.py"),
+                    "--record", str(out), "--server", url], check=True)
 
 
 def gate(out, name, candidate, reference, *extra):

@@ -3,7 +3,11 @@
 //! (`scripts/reference/tiny_tokenizers.py`): the decision route answers the
 //! same bits on a prefix-cache miss, a hit and with the cache off, with the
 //! base's own settings; Gemma 4 31B refuses `warm` and warns on states over
-//! the length it is documented for.
+//! the length it is documented for. Each base also runs a suite of text
+//! and chat questions (`decisio suite run`) on two fresh servers: its
+//! `/v1/models` card names the base, every sampled question asked again
+//! through `POST /v1/decide` or the chat completions gives the recorded
+//! bits, and the two records gate bit for bit (`decisio gate --bitwise`).
 
 mod common;
 
@@ -129,6 +133,115 @@ fn gemma_4_12b_serves_decisions_from_its_prefix_cache() {
 #[test]
 fn gemma_4_31b_serves_decisions_from_its_prefix_cache() {
     prefix_cache_is_bit_for_bit("gemma-4-31b", "gemma4_31b-6bit", "tokenizer-gemma3");
+}
+
+/// A suite of 8 text questions on two states and 4 chat questions on one
+/// chat (suites/data/), 4 of each asked again.
+fn text_and_chat_suite(dir: &std::path::Path) -> PathBuf {
+    let data = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("suites/data");
+    let path = dir.join("suite.yaml");
+    std::fs::write(
+        &path,
+        format!(
+            "version: 1\nname: bases\nseed: 3\nconformance: 4\nchoice_sets:\n\
+             \x20 - name: everyday\n    format: jsonl\n    file: {0}/everyday.jsonl\n    limit: 8\n\
+             \x20 - name: chat\n    format: jsonl\n    file: {0}/everyday-chat.jsonl\n    limit: 4\n",
+            data.display()
+        ),
+    )
+    .unwrap();
+    path
+}
+
+/// The suite on two fresh servers of the base: the card names the base,
+/// both surfaces conform, the records are bit for bit the same.
+fn suite_gates_bit_for_bit(base: &str, model: &str, tokenizer: &str) {
+    let dir = common::fresh_dir(&format!("suite-{base}"));
+    let suite = text_and_chat_suite(&dir);
+    let decisio = |args: &[&str]| {
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_decisio"))
+            .args(args)
+            .env("NO_COLOR", "1")
+            .output()
+            .unwrap();
+        let out = format!(
+            "{}\n{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        (o.status.success(), out)
+    };
+    for run in ["a", "b"] {
+        let s = serve(base, model, tokenizer, &[]);
+        let out = dir.join(run);
+        let (ok, text) = decisio(&[
+            "suite",
+            "run",
+            "--server",
+            &s.url(),
+            "--suite",
+            suite.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        assert!(ok, "{base}: {text}");
+    }
+    let record: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("a/record.json")).unwrap()).unwrap();
+    let server = &record["server"];
+    assert_eq!(server["base"], base, "{server}");
+    assert_eq!(server["backend"], "MLX", "{server}");
+    assert!(
+        server["model_identity"].as_str().unwrap().len() == 64
+            && server["tokenizer_identity"].as_str().unwrap().len() == 64,
+        "{server}"
+    );
+    let conformance = record["conformance"].as_array().unwrap();
+    for surface in ["decide", "chat"] {
+        let of: Vec<&Value> = conformance
+            .iter()
+            .filter(|c| c["surface"] == surface)
+            .collect();
+        assert_eq!(of.len(), 4, "{base}: {surface}");
+        assert!(
+            of.iter().all(|c| c["equal"] == true),
+            "{base}: {surface} does not conform: {of:?}"
+        );
+    }
+    // The chat questions' SDK check is the e2e tests' (the OpenAI SDK on
+    // the fixture); here the two records are compared.
+    let gates = dir.join("gates.yaml");
+    std::fs::write(&gates, "openai_sdk: false\n").unwrap();
+    let (a, b) = (dir.join("a"), dir.join("b"));
+    let (ok, text) = decisio(&[
+        "gate",
+        "--record",
+        b.to_str().unwrap(),
+        "--against",
+        a.to_str().unwrap(),
+        "--bitwise",
+        "--gates",
+        gates.to_str().unwrap(),
+    ]);
+    assert!(ok, "{base}: {text}");
+    assert!(text.contains("pass  bit for bit"), "{text}");
+    println!("{base} on {model}: {text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn qwen3_6_35b_a3b_answers_a_suite_bit_for_bit_on_fresh_servers() {
+    suite_gates_bit_for_bit("qwen3.6-35b-a3b", "qwen3_5_moe-6bit", "tokenizer-qwen3");
+}
+
+#[test]
+fn gemma_4_12b_answers_a_suite_bit_for_bit_on_fresh_servers() {
+    suite_gates_bit_for_bit("gemma-4-12b", "gemma4_12b-6bit", "tokenizer-gemma3");
+}
+
+#[test]
+fn gemma_4_31b_answers_a_suite_bit_for_bit_on_fresh_servers() {
+    suite_gates_bit_for_bit("gemma-4-31b", "gemma4_31b-6bit", "tokenizer-gemma3");
 }
 
 /// A copy of a tiny conversion whose config allows `positions` positions

@@ -36,16 +36,20 @@ fn text(o: &Output) -> (String, String) {
 }
 
 /// A suite small enough for a test: 12 everyday questions on two states,
-/// 4 MMLU subjects as a choice, an intent head over 4 subjects.
+/// 4 MMLU subjects as a choice, 6 chat questions on two chats, an intent
+/// head over 4 subjects.
 fn tiny_suite(dir: &Path) -> PathBuf {
     let everyday = repo("suites/data/everyday.jsonl");
+    let chat = repo("suites/data/everyday-chat.jsonl");
     let text = format!(
         "version: 1\nname: tiny\nseed: 5\nconformance: 4\nrecord: [latency, memory]\n\
          choice_sets:\n  - name: everyday\n    format: jsonl\n    file: {}\n    limit: 12\n\
          \x20 - name: which\n    format: mmlu-subject\n    file: mmlu.jsonl\n    per_subject: 1\n    limit: 4\n\
+         \x20 - name: chat\n    format: jsonl\n    file: {}\n    limit: 6\n\
          intent_sets:\n  - name: subjects\n    format: mmlu-subjects\n    file: mmlu.jsonl\n\
          \x20   question: Which subject is this question from?\n    labels: 4\n    per_label: 4\n    draws: 2\n    shots: 1\n",
-        everyday.display()
+        everyday.display(),
+        chat.display()
     );
     let path = dir.join("tiny.yaml");
     std::fs::write(&path, text).unwrap();
@@ -116,7 +120,7 @@ fn a_suite_run_survives_a_killed_runner_and_a_restarted_server() {
     runner.wait().unwrap();
     let before = journal_answers(&out).len();
     assert!(
-        (3..16).contains(&before),
+        (3..22).contains(&before),
         "{before} answers before the kill"
     );
 
@@ -139,8 +143,8 @@ fn a_suite_run_survives_a_killed_runner_and_a_restarted_server() {
     // No question lost or asked twice.
     let answers = journal_answers(&out);
     let unique: HashSet<_> = answers.iter().cloned().collect();
-    assert_eq!(answers.len(), 16, "{answers:?}");
-    assert_eq!(unique.len(), 16);
+    assert_eq!(answers.len(), 22, "{answers:?}");
+    assert_eq!(unique.len(), 22);
 
     let record: Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("record.json")).unwrap()).unwrap();
@@ -150,6 +154,7 @@ fn a_suite_run_survives_a_killed_runner_and_a_restarted_server() {
     let sets = record["choice_sets"].as_array().unwrap();
     assert_eq!(sets[0]["answers"].as_array().unwrap().len(), 12);
     assert_eq!(sets[1]["answers"].as_array().unwrap().len(), 4);
+    assert_eq!(sets[2]["answers"].as_array().unwrap().len(), 6);
     for set in sets {
         let f = &set["figures"];
         for key in ["before", "after"] {
@@ -166,12 +171,22 @@ fn a_suite_run_survives_a_killed_runner_and_a_restarted_server() {
     }
     // Conformance: asked again alone on the restarted server, each sampled
     // question gives the recorded bits, answered before or after the kill.
+    // Chat questions are asked again through the chat completions, with
+    // the request a client sends.
     let conformance = record["conformance"].as_array().unwrap();
-    assert_eq!(conformance.len(), 8);
+    assert_eq!(conformance.len(), 12);
     assert!(
         conformance.iter().all(|c| c["equal"] == true),
         "{conformance:?}"
     );
+    let chat: Vec<&Value> = conformance
+        .iter()
+        .filter(|c| c["surface"] == "chat")
+        .collect();
+    assert_eq!(chat.len(), 4);
+    assert!(chat.iter().all(|c| c["set"] == "chat"
+        && c["request"]["decisio"]["options"].is_array()
+        && c["request"]["messages"].as_array().unwrap().len() >= 2));
     let intent = &record["intent_sets"][0];
     assert_eq!(intent["labels"], 4);
     assert_eq!(intent["per_draw"].as_array().unwrap().len(), 2);
@@ -196,14 +211,42 @@ fn a_suite_run_survives_a_killed_runner_and_a_restarted_server() {
         "{summary}"
     );
 
-    // The record gates against itself, bit for bit.
+    // The record gates against itself, bit for bit; its chat questions
+    // must also be asked again through the OpenAI SDK
+    // (scripts/sdk_conformance.py, tests/e2e/test_suite_sdk.py), and the
+    // gate fails until they are, unless the gates file turns that off.
     let rec = out.to_str().unwrap();
     let o = decisio(&["gate", "--record", rec, "--against", rec, "--bitwise"])
         .output()
         .unwrap();
     let (stdout, stderr) = text(&o);
-    assert!(o.status.success(), "{stdout}\n{stderr}");
+    assert_eq!(o.status.code(), Some(1), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("FAIL  conformance (chat questions again through the OpenAI SDK)")
+            && stdout.contains("scripts/sdk_conformance.py"),
+        "{stdout}"
+    );
     assert!(stdout.contains("pass  bit for bit"), "{stdout}");
+    assert!(
+        stdout.contains("pass  conformance (asked again alone, POST /v1/chat/completions)"),
+        "{stdout}"
+    );
+    let no_sdk = dir.join("gates.yaml");
+    std::fs::write(&no_sdk, "openai_sdk: false\n").unwrap();
+    let o = decisio(&[
+        "gate",
+        "--record",
+        rec,
+        "--against",
+        rec,
+        "--bitwise",
+        "--gates",
+        no_sdk.to_str().unwrap(),
+    ])
+    .output()
+    .unwrap();
+    let (stdout, stderr) = text(&o);
+    assert!(o.status.success(), "{stdout}\n{stderr}");
 
     // Another suite in the same folder is refused, and so is the same run
     // against another served configuration.

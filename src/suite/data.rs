@@ -11,12 +11,24 @@ use serde_json::Value;
 use super::{ChoiceFormat, ChoiceSet, IntentFormat, IntentSet, Loaded};
 use crate::rng::SplitMix;
 
+/// What a question is asked on, and so through which surface.
+#[derive(Clone, Debug, PartialEq)]
+pub enum State {
+    /// A text state, asked through `POST /v1/decide` (questions sharing
+    /// it in one request).
+    Text(String),
+    /// The messages before the question (a chat), asked through the chat
+    /// completions' `decisio` object, one question a request.
+    Chat(Vec<Value>),
+}
+
 /// One question of a choice set.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Item {
     /// Unique within its set; answers of two records are paired by it.
     pub id: String,
-    pub state: String,
+    pub state: State,
+    /// The question's text (a chat's last user message).
     pub question: String,
     pub options: Vec<String>,
     /// The index of the right option.
@@ -156,7 +168,7 @@ fn read_set(loaded: &Loaded, set: &ChoiceSet) -> Result<Vec<Item>> {
                 for (line, r) in rows.iter().skip(set.shots).take(set.per_subject) {
                     items.push(Item {
                         id: format!("{subject}:{line}"),
-                        state: state.clone(),
+                        state: State::Text(state.clone()),
                         question: r.question.clone(),
                         options: r.options.clone(),
                         answer: r.answer,
@@ -194,7 +206,7 @@ fn read_set(loaded: &Loaded, set: &ChoiceSet) -> Result<Vec<Item>> {
                     }
                     items.push(Item {
                         id: format!("{subject}:{line}"),
-                        state,
+                        state: State::Text(state),
                         question: "Which subject is this question from?".into(),
                         options,
                         answer,
@@ -207,20 +219,23 @@ fn read_set(loaded: &Loaded, set: &ChoiceSet) -> Result<Vec<Item>> {
     }
 }
 
-/// A JSON line of a user's choice set.
+/// A JSON line of a user's choice set: a text `state` and a `question`, or
+/// a chat's `messages` whose last (a user's) is the question.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct JsonlItem {
     id: Option<String>,
-    state: String,
-    question: String,
+    state: Option<String>,
+    question: Option<String>,
+    messages: Option<Vec<Value>>,
     options: Vec<String>,
     /// The right option: its index, its letter or its text.
     answer: Value,
 }
 
-/// `{"id", "state", "question", "options", "answer"}` lines; `answer` is
-/// the right option's index (from 0), letter or text. Errors name the line.
+/// `{"id", "state", "question", "options", "answer"}` or `{"id",
+/// "messages", "options", "answer"}` lines; `answer` is the right option's
+/// index (from 0), letter or text. Errors name the line.
 pub fn read_jsonl(path: &Path) -> Result<Vec<Item>> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
@@ -258,10 +273,21 @@ pub fn read_jsonl(path: &Path) -> Result<Vec<Item>> {
         if items.iter().any(|it| it.id == id) {
             bail!("{}: the id `{id}` is used twice", at());
         }
+        let (state, question) = match (row.state, row.question, row.messages) {
+            (Some(state), Some(question), None) => (State::Text(state), question),
+            (None, None, Some(mut messages)) => {
+                let question = chat_question(&mut messages).with_context(at)?;
+                (State::Chat(messages), question)
+            }
+            _ => bail!(
+                "{}: a question has a `state` and a `question`, or (a chat) `messages` whose last is the user's question; not both",
+                at()
+            ),
+        };
         items.push(Item {
             id,
-            state: row.state,
-            question: row.question,
+            state,
+            question,
             options: row.options,
             answer,
         });
@@ -270,6 +296,30 @@ pub fn read_jsonl(path: &Path) -> Result<Vec<Item>> {
         bail!("{} holds no question", path.display());
     }
     Ok(items)
+}
+
+/// Takes a chat's question off its messages: the last message, a user's
+/// with text content. What is left, the state, must not be empty; the
+/// server checks each message further.
+fn chat_question(messages: &mut Vec<Value>) -> Result<String> {
+    let Some(last) = messages.pop() else {
+        bail!("`messages` is empty");
+    };
+    let (Some("user"), Some(text)) = (last["role"].as_str(), last["content"].as_str()) else {
+        bail!(
+            "`messages[{}]`: the last message must be the user's question, with text `content`",
+            messages.len()
+        );
+    };
+    if messages.is_empty() {
+        bail!(
+            "`messages`: a chat question needs a state, at least one message before the question"
+        );
+    }
+    if let Some(k) = messages.iter().position(|m| !m.is_object()) {
+        bail!("`messages[{k}]` is not a message object");
+    }
+    Ok(text.to_string())
 }
 
 /// The (text, label) rows of an intent set, at most `per_label` of each
@@ -305,4 +355,69 @@ pub fn intent_rows(loaded: &Loaded, set: &IntentSet) -> Result<Vec<(String, Stri
             *n <= per
         })
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(lines: &str) -> Result<Vec<Item>> {
+        let dir = std::env::temp_dir().join(format!("decisio-jsonl-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = dir.join(format!("{n}.jsonl"));
+        std::fs::write(&path, lines).unwrap();
+        let out = read_jsonl(&path);
+        std::fs::remove_file(&path).ok();
+        out
+    }
+
+    #[test]
+    fn text_and_chat_questions_read() {
+        let items = read(concat!(
+            r#"{"id": "t", "state": "S", "question": "Q?", "options": ["x", "y"], "answer": "B"}"#,
+            "\n",
+            r#"{"id": "c", "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}, {"role": "user", "content": "Which?"}], "options": ["x", "y", "z"], "answer": 2}"#,
+            "\n"
+        ))
+        .unwrap();
+        assert_eq!(items[0].state, State::Text("S".into()));
+        assert_eq!(items[0].answer, 1);
+        let State::Chat(m) = &items[1].state else {
+            panic!("a chat")
+        };
+        assert_eq!(m.len(), 3);
+        assert_eq!(items[1].question, "Which?");
+        assert_eq!(items[1].answer, 2);
+    }
+
+    #[test]
+    fn malformed_chat_questions_name_the_line() {
+        for (line, says) in [
+            (
+                r#"{"state": "S", "messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}], "options": ["x", "y"], "answer": 0}"#,
+                "not both",
+            ),
+            (
+                r#"{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}], "options": ["x", "y"], "answer": 0}"#,
+                "must be the user's question",
+            ),
+            (
+                r#"{"messages": [{"role": "user", "content": "a"}], "options": ["x", "y"], "answer": 0}"#,
+                "needs a state",
+            ),
+            (
+                r#"{"messages": [], "options": ["x", "y"], "answer": 0}"#,
+                "empty",
+            ),
+            (
+                r#"{"question": "Q", "options": ["x", "y"], "answer": 0}"#,
+                "not both",
+            ),
+        ] {
+            let e = format!("{:#}", read(&format!("\n{line}\n")).unwrap_err());
+            assert!(e.contains("line 2") && e.contains(says), "{line}: {e}");
+        }
+    }
 }

@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
-use super::record::{AnswerRecord, Record};
+use super::record::{AnswerRecord, Record, SdkCheck, SDK_FILE};
 use crate::rng::SplitMix;
 
 /// The arguments of `decisio gate`.
@@ -66,6 +66,10 @@ pub struct Gates {
     pub agreement: Tolerance,
     /// The candidate's conformance questions must all be equal.
     pub conformance: bool,
+    /// A candidate with chat questions must have them asked again through
+    /// the OpenAI Python SDK (`scripts/sdk_conformance.py`), equal bit for
+    /// bit; `false` skips this gate (no Python at hand).
+    pub openai_sdk: bool,
     /// Every answer bit for bit.
     pub bitwise: bool,
 }
@@ -105,6 +109,7 @@ impl Default for Gates {
             intent: Tolerance { tolerance: 0.03 },
             agreement: Tolerance { tolerance: 0.01 },
             conformance: true,
+            openai_sdk: true,
             bitwise: false,
         }
     }
@@ -262,8 +267,92 @@ fn bits(a: &AnswerRecord) -> (Vec<u32>, Vec<u32>) {
     )
 }
 
-/// Compares a candidate record with a reference record.
-pub fn compare(c: &Record, r: &Record, gates: &Gates, force: bool) -> Result<Report> {
+/// The letter of an option's index.
+fn letter(i: usize) -> String {
+    ((b'A' + i as u8) as char).to_string()
+}
+
+/// The candidate's chat questions asked again through the OpenAI SDK: each
+/// of its chat conformance questions must be there, with the suite's
+/// float32 values, the answer's letter as the content and every option's
+/// letter in `top_logprobs`. None when the candidate has no chat question.
+fn sdk_gate(c: &Record, sdk: Option<&SdkCheck>) -> Option<Outcome> {
+    let chat: Vec<_> = c
+        .conformance
+        .iter()
+        .filter(|x| x.surface == "chat")
+        .collect();
+    if chat.is_empty() {
+        return None;
+    }
+    let gate = "conformance (chat questions again through the OpenAI SDK)".to_string();
+    let Some(sdk) = sdk else {
+        return Some(Outcome {
+            gate,
+            candidate: "not run".into(),
+            reference: "-".into(),
+            difference: format!(
+                "no {SDK_FILE} beside the record: run scripts/sdk_conformance.py --record DIR --server URL while its server is up"
+            ),
+            tolerance: "bit for bit".into(),
+            pass: false,
+        });
+    };
+    let answers: HashMap<(&str, &str), &AnswerRecord> = c
+        .choice_sets
+        .iter()
+        .flat_map(|s| {
+            s.answers
+                .iter()
+                .map(move |a| ((s.name.as_str(), a.id.as_str()), a))
+        })
+        .collect();
+    let mut equal = 0;
+    for q in &chat {
+        let got = sdk.items.iter().find(|i| i.set == q.set && i.id == q.id);
+        let want = answers.get(&(q.set.as_str(), q.id.as_str()));
+        let same = match (got, want) {
+            (Some(g), Some(w)) => {
+                let mut letters: Vec<String> = (0..w.probabilities.len()).map(letter).collect();
+                let mut top = g.top_logprobs.clone();
+                letters.sort();
+                top.sort();
+                bits(w)
+                    == bits(&AnswerRecord {
+                        probabilities: g.probabilities.clone(),
+                        letter_logprobs: g.letter_logprobs.clone(),
+                        ..(*w).clone()
+                    })
+                    && g.content == w.index.map(letter).unwrap_or_default()
+                    && top == letters
+            }
+            _ => false,
+        };
+        equal += usize::from(same);
+    }
+    Some(Outcome {
+        gate,
+        candidate: format!("{equal}/{}", chat.len()),
+        reference: "-".into(),
+        difference: format!(
+            "{} differ or were not asked ({})",
+            chat.len() - equal,
+            sdk.client
+        ),
+        tolerance: "bit for bit".into(),
+        pass: equal == chat.len(),
+    })
+}
+
+/// Compares a candidate record with a reference record; `sdk` is what the
+/// OpenAI SDK was given for the candidate's chat questions.
+pub fn compare(
+    c: &Record,
+    sdk: Option<&SdkCheck>,
+    r: &Record,
+    gates: &Gates,
+    force: bool,
+) -> Result<Report> {
     let why = differences(c, r);
     if !why.is_empty() && !force {
         bail!(
@@ -357,16 +446,22 @@ pub fn compare(c: &Record, r: &Record, gates: &Gates, force: bool) -> Result<Rep
         }
         bit_diff.1 += 1;
     }
-    if gates.conformance && !c.conformance.is_empty() {
-        let equal = c.conformance.iter().filter(|x| x.equal).count();
-        outcomes.push(Outcome {
-            gate: "conformance (asked again alone, POST /v1/decide)".into(),
-            candidate: format!("{equal}/{}", c.conformance.len()),
-            reference: "-".into(),
-            difference: format!("{} differ", c.conformance.len() - equal),
-            tolerance: "bit for bit".into(),
-            pass: equal == c.conformance.len(),
-        });
+    if gates.conformance {
+        for (surface, equal, n) in c.conformance_by_surface() {
+            outcomes.push(Outcome {
+                gate: format!("conformance (asked again alone, {surface})"),
+                candidate: format!("{equal}/{n}"),
+                reference: "-".into(),
+                difference: format!("{} differ", n - equal),
+                tolerance: "bit for bit".into(),
+                pass: equal == n,
+            });
+        }
+    }
+    if gates.conformance && gates.openai_sdk {
+        if let Some(o) = sdk_gate(c, sdk) {
+            outcomes.push(o);
+        }
     }
     if gates.conformance {
         for i in &c.intent_sets {
@@ -436,13 +531,14 @@ fn ece_gate(name: &str, c: f64, r: f64, tol: f64) -> Outcome {
 /// Runs `decisio gate`: prints the lines; true when every gate passed.
 pub fn run(args: &GateArgs) -> Result<bool> {
     let c = Record::read(&args.record)?;
+    let sdk = SdkCheck::beside(&args.record)?;
     let r = Record::read(&args.against)?;
     let mut gates = match &args.gates {
         Some(p) => Gates::read(p)?,
         None => Gates::default(),
     };
     gates.bitwise |= args.bitwise;
-    let report = compare(&c, &r, &gates, args.force)?;
+    let report = compare(&c, sdk.as_ref(), &r, &gates, args.force)?;
     for line in report.lines() {
         println!("{line}");
     }

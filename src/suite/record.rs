@@ -138,13 +138,101 @@ pub struct ServedHoldout {
     pub equal: bool,
 }
 
+/// The file `scripts/sdk_conformance.py` writes beside a record: its chat
+/// questions asked again through the OpenAI Python SDK.
+pub const SDK_FILE: &str = "sdk-conformance.json";
+
+/// What the OpenAI SDK was given for a record's chat questions.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SdkCheck {
+    /// The client, e.g. `openai-python 1.x`.
+    pub client: String,
+    pub items: Vec<SdkAnswer>,
+}
+
+/// One chat question asked again through the SDK: the reply's `decisio`
+/// answer values, and what its OpenAI fields said.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SdkAnswer {
+    pub set: String,
+    pub id: String,
+    /// `decisio.answer.probabilities`, by option, float32.
+    pub probabilities: Vec<f32>,
+    /// `decisio.answer.letter_logprobs`, by option, float32.
+    pub letter_logprobs: Vec<f32>,
+    /// `choices[0].message.content`.
+    pub content: String,
+    /// The tokens of `choices[0].logprobs.content[0].top_logprobs`.
+    pub top_logprobs: Vec<String>,
+}
+
+impl SdkCheck {
+    /// The SDK's file beside a record (a record folder or its
+    /// record.json), when there is one.
+    pub fn beside(record: &std::path::Path) -> anyhow::Result<Option<SdkCheck>> {
+        use anyhow::Context;
+        let dir = if record.is_dir() {
+            record
+        } else {
+            record.parent().unwrap_or(std::path::Path::new("."))
+        };
+        let file = dir.join(SDK_FILE);
+        if !file.exists() {
+            return Ok(None);
+        }
+        let text = std::fs::read_to_string(&file)
+            .with_context(|| format!("cannot read {}", file.display()))?;
+        serde_json::from_str(&text)
+            .map(Some)
+            .with_context(|| format!("{} is not an SDK conformance file", file.display()))
+    }
+}
+
+/// The surfaces' names in a record's conformance, as people read them.
+const SURFACES: [(&str, &str); 2] = [
+    ("decide", "POST /v1/decide"),
+    ("chat", "POST /v1/chat/completions"),
+];
+
+impl Record {
+    /// Per surface asked again: (its name as people read it, questions
+    /// equal bit for bit, questions).
+    pub fn conformance_by_surface(&self) -> Vec<(String, usize, usize)> {
+        let mut out = Vec::new();
+        for (key, shown) in SURFACES {
+            let of: Vec<&Conformance> = self
+                .conformance
+                .iter()
+                .filter(|c| c.surface == key)
+                .collect();
+            if !of.is_empty() {
+                let equal = of.iter().filter(|c| c.equal).count();
+                out.push((shown.to_string(), equal, of.len()));
+            }
+        }
+        let other = self
+            .conformance
+            .iter()
+            .filter(|c| !SURFACES.iter().any(|(k, _)| *k == c.surface));
+        for c in other {
+            out.push((c.surface.clone(), usize::from(c.equal), 1));
+        }
+        out
+    }
+}
+
 /// A question asked again through a served surface.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Conformance {
     pub set: String,
     pub id: String,
-    /// `decide` (alone in a `POST /v1/decide`).
+    /// `decide` (alone in a `POST /v1/decide`) or `chat` (a chat
+    /// question, again through `POST /v1/chat/completions`).
     pub surface: String,
+    /// A chat question's request, as sent: what a client such as the
+    /// OpenAI SDK sends to ask it again (`scripts/sdk_conformance.py`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request: Option<Value>,
     pub probabilities: Vec<f32>,
     pub letter_logprobs: Vec<f32>,
     /// Bit for bit the suite's answer.
@@ -275,11 +363,12 @@ impl Record {
             }
         }
         if !self.conformance.is_empty() {
-            let equal = self.conformance.iter().filter(|c| c.equal).count();
-            md.push_str(&format!(
-                "\n## Conformance\n\n{equal} of {} questions asked again alone through `POST /v1/decide` gave the suite's float32 values bit for bit.\n",
-                self.conformance.len()
-            ));
+            md.push_str("\n## Conformance\n\n");
+            for (surface, equal, n) in self.conformance_by_surface() {
+                md.push_str(&format!(
+                    "- {equal} of {n} questions asked again alone through `{surface}` gave the suite's float32 values bit for bit.\n"
+                ));
+            }
         }
         for i in &self.intent_sets {
             let s = &i.served;

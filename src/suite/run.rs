@@ -25,7 +25,7 @@ use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use super::data::{self, Item};
+use super::data::{self, Item, State};
 use super::record::{
     AnswerRecord, ChoiceRecord, Conformance, IntentRecord, Latency, Quantiles, Record,
     ServedHoldout, SetFigures, SuiteId, RECORD_FORMAT,
@@ -179,16 +179,43 @@ fn question(item: &Item) -> Value {
     json!({"id": item.id, "text": item.question, "options": item.options, "temperature": 1.0})
 }
 
-/// Asks `items` (of one state) in one request: (answers, ms per question,
-/// whether the state was cached).
-fn ask(client: &Client, model: &str, items: &[&Item]) -> Result<(Vec<AnswerRecord>, f64, bool)> {
-    let body = json!({
+/// A chat question's request: its messages and the question as the last
+/// user message, the options in the `decisio` object, as an OpenAI SDK
+/// sends it (`extra_body`).
+fn chat_body(model: &str, messages: &[Value], item: &Item) -> Value {
+    let mut all = messages.to_vec();
+    all.push(json!({"role": "user", "content": item.question}));
+    json!({
         "model": model,
-        "state": items[0].state,
-        "questions": items.iter().map(|i| question(i)).collect::<Vec<_>>(),
-    });
+        "messages": all,
+        "decisio": {"options": item.options, "temperature": 1.0},
+    })
+}
+
+/// The surface a question is asked through, and the request.
+fn request(model: &str, items: &[&Item]) -> (&'static str, Value) {
+    match &items[0].state {
+        State::Text(state) => (
+            "/v1/decide",
+            json!({
+                "model": model,
+                "state": state,
+                "questions": items.iter().map(|i| question(i)).collect::<Vec<_>>(),
+            }),
+        ),
+        State::Chat(messages) => {
+            debug_assert_eq!(items.len(), 1, "a chat question is asked alone");
+            ("/v1/chat/completions", chat_body(model, messages, items[0]))
+        }
+    }
+}
+
+/// Asks `items` (of one state; a chat question alone) in one request:
+/// (answers, ms per question, whether the state was cached).
+fn ask(client: &Client, model: &str, items: &[&Item]) -> Result<(Vec<AnswerRecord>, f64, bool)> {
+    let (path, body) = request(model, items);
     let t0 = Instant::now();
-    let reply = client.post("/v1/decide", &body)?;
+    let reply = client.post(path, &body)?;
     let ms = t0.elapsed().as_secs_f64() * 1e3 / items.len() as f64;
     if reply.status != 200 {
         bail!(
@@ -197,8 +224,18 @@ fn ask(client: &Client, model: &str, items: &[&Item]) -> Result<(Vec<AnswerRecor
             reply.error()
         );
     }
-    let answers = reply.body["answers"]
+    // `/v1/decide` answers with `answers` and `state`; a chat decision with
+    // its `decisio` object's `answer` and `state`.
+    let (answers, state) = match &items[0].state {
+        State::Text(_) => (reply.body["answers"].clone(), &reply.body["state"]),
+        State::Chat(_) => (
+            Value::Array(vec![reply.body["decisio"]["answer"].clone()]),
+            &reply.body["decisio"]["state"],
+        ),
+    };
+    let answers = answers
         .as_array()
+        .filter(|a| a.iter().all(Value::is_object))
         .context("the decision reply has no answers")?;
     if answers.len() != items.len() {
         bail!("{} questions asked, {} answers", items.len(), answers.len());
@@ -208,11 +245,7 @@ fn ask(client: &Client, model: &str, items: &[&Item]) -> Result<(Vec<AnswerRecor
         .zip(items)
         .map(|(a, i)| answer_of(a, i))
         .collect::<Result<_>>()?;
-    Ok((
-        out,
-        ms,
-        reply.body["state"]["cached"].as_bool().unwrap_or(false),
-    ))
+    Ok((out, ms, state["cached"].as_bool().unwrap_or(false)))
 }
 
 fn bar(len: usize, what: &str) -> Progress {
@@ -511,9 +544,14 @@ pub fn run(args: &RunArgs) -> Result<Record> {
             if done.contains(&(name.clone(), it.id.clone())) {
                 continue;
             }
-            let e = by_state.entry(&it.state).or_default();
+            let State::Text(state) = &it.state else {
+                // A chat question is asked alone.
+                work.push((s, vec![i]));
+                continue;
+            };
+            let e = by_state.entry(state).or_default();
             if e.is_empty() {
-                order.push(&it.state);
+                order.push(state);
             }
             e.push(i);
         }
@@ -608,10 +646,15 @@ pub fn run(args: &RunArgs) -> Result<Record> {
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             let equal = bits(&got.probabilities) == bits(&suite_answer.probabilities)
                 && bits(&got.letter_logprobs) == bits(&suite_answer.letter_logprobs);
+            let (surface, request) = match &item.state {
+                State::Text(_) => ("decide", None),
+                State::Chat(_) => ("chat", Some(request(&model, &[item]).1)),
+            };
             let record = Conformance {
                 set: name.clone(),
                 id: item.id.clone(),
-                surface: "decide".into(),
+                surface: surface.into(),
+                request,
                 probabilities: got.probabilities,
                 letter_logprobs: got.letter_logprobs,
                 equal,

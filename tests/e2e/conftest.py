@@ -16,6 +16,8 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CACHE = pathlib.Path(os.environ.get("DECISIO_CACHE", pathlib.Path.home() / ".cache/decisio"))
 MODEL = pathlib.Path(os.environ.get("DECISIO_MODEL", CACHE / "models/smollm2-135m-instruct"))
+ASSETS = pathlib.Path(os.environ.get("DECISIO_ASSETS", CACHE / "assets"))
+BIN = pathlib.Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target")) / "release/decisio"
 API_KEY = "test-key-e2e"
 LISTENING = re.compile(r"listening on http://([0-9.]+:[0-9]+|\[[0-9a-f:]+\]:[0-9]+)")
 
@@ -28,7 +30,7 @@ def start_server(args):
     server that happens to hold a port guessed free. Its log goes on to
     this process's standard error."""
     proc = subprocess.Popen(
-        [str(ROOT / "target/release/decisio"), "serve", *args, "--port", "0"],
+        [str(BIN), "serve", *args, "--port", "0"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
