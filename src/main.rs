@@ -9,7 +9,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use decisio::bases::{self, Base, BaseArg, BaseError};
-use decisio::engine::mlx::{LoadOptions, MlxEngine, MlxOptions};
+use decisio::engine::mlx::{Device, LoadOptions, MlxEngine, MlxOptions};
 use decisio::engine::vllm::{MethodChoice, VllmEngine, VllmOptions};
 use decisio::engine::{Engine, EngineStatus, MultiQuestion, PadPolicy};
 use decisio::hub::{self, Wanted};
@@ -104,6 +104,26 @@ impl Switch {
     }
 }
 
+/// `--dequantize` and `--host-kernels`, `auto` following the device MLX
+/// computes on (logged).
+fn load_options(dequantize: Switch, host_kernels: Switch) -> LoadOptions {
+    let device = Device::current();
+    let auto = LoadOptions::for_device(device);
+    let load = LoadOptions {
+        dequantize: dequantize.or(auto.dequantize),
+        host_kernels: host_kernels.or(auto.host_kernels),
+        ..auto
+    };
+    tracing::info!(
+        device = device.name(),
+        dequantize = load.dequantize,
+        host_kernels = load.host_kernels,
+        "MLX computes on the {}",
+        device.name()
+    );
+    load
+}
+
 #[derive(Args)]
 struct ServeArgs {
     /// The backend that runs the model.
@@ -172,13 +192,14 @@ struct ServeArgs {
     /// turns it off. Default: the base's (2,048 where no base applies).
     #[arg(long)]
     prefix_cache_mb: Option<u64>,
-    /// Expand quantized weights into dense ones at load: `auto` does on the
-    /// CPU (where MLX's quantized kernels are slow) and not on Metal.
+    /// Expand quantized weights into dense ones at load: `auto` does when
+    /// MLX computes on the CPU (its quantized kernels are slow there) and
+    /// not on a GPU, as MLX's default device says at start.
     #[arg(long, value_enum, default_value = "auto")]
     dequantize: Switch,
     /// Compute attention's softmax and the MLP's SiLU with the host kernels
-    /// instead of MLX's ops: `auto` does on the CPU (where MLX's `exp` runs
-    /// one element at a time) and not on Metal.
+    /// instead of MLX's ops: `auto` does when MLX computes on the CPU (its
+    /// `exp` runs one element at a time there) and not on a GPU.
     #[arg(long, value_enum, default_value = "auto")]
     host_kernels: Switch,
     /// The folder that keeps registered tasks (default:
@@ -471,10 +492,7 @@ fn serve(args: ServeArgs) -> Result<()> {
         Backend::Mlx => Arc::new(MlxEngine::start(
             model_dir.clone(),
             MlxOptions {
-                load: LoadOptions {
-                    dequantize: args.dequantize.or(LoadOptions::default().dequantize),
-                    host_kernels: args.host_kernels.or(LoadOptions::default().host_kernels),
-                },
+                load: load_options(args.dequantize, args.host_kernels),
                 prefix_cache_mib: prefix_cache_mb,
                 metrics: metrics.clone(),
                 max_queue: limits.max_queue,

@@ -72,6 +72,16 @@ fn gemma4_text_moe_quantized_matches_mlx_lm() {
     all_quants("gemma4_text_moe", MLX_OPS);
 }
 
+/// Sorting the token-expert pairs before `gather_qmm` changes no bit on
+/// the CPU (tests/arch_qwen3_5.rs says why).
+#[test]
+fn gemma4_text_moe_sorted_experts_give_the_unsorted_bits() {
+    for quant in ["4bit", "6bit"] {
+        let worst = tiny::sorted_experts_difference("gemma4_text_moe", quant, 300);
+        assert_eq!(worst, 0.0, "gemma4_text_moe {quant}");
+    }
+}
+
 /// Sliding-window caches, full-attention caches and KV-shared layers
 /// continue from a snapshot bit for bit, with the state beyond the window.
 #[test]

@@ -42,6 +42,7 @@ fn quantized_logits_match_mlx_lm() {
         LoadOptions {
             dequantize: false,
             host_kernels: false,
+            ..LoadOptions::default()
         },
         10,
         1e-3,

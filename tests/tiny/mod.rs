@@ -11,6 +11,7 @@ use std::path::PathBuf;
 
 use decisio::engine::mlx::cache::ModelCache;
 use decisio::engine::mlx::sample::argmax;
+use decisio::engine::mlx::switch::SORT_EXPERTS_FROM;
 use decisio::engine::mlx::{LoadOptions, MlxModel};
 use mlx_rs::Array;
 
@@ -177,11 +178,13 @@ pub fn compare(arch: &str, quant: &str, options: LoadOptions, max_len: usize) ->
 pub const CPU: LoadOptions = LoadOptions {
     dequantize: true,
     host_kernels: true,
+    sort_experts_from: SORT_EXPERTS_FROM,
 };
 /// Weights as stored and MLX's own ops, as mlx-lm runs them.
 pub const MLX_OPS: LoadOptions = LoadOptions {
     dequantize: false,
     host_kernels: false,
+    sort_experts_from: SORT_EXPERTS_FROM,
 };
 
 /// A snapshot (a clone of the prefix's cache, here a 300-token state, beyond
@@ -227,4 +230,47 @@ pub fn snapshot_continues_bit_for_bit(arch: &str, quant: &str, options: LoadOpti
 
 fn bits(v: &[f32]) -> Vec<u32> {
     v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// Quantized experts with their token-expert pairs sorted by expert (the
+/// default from `SORT_EXPERTS_FROM` pairs on) and never sorted, on every
+/// reference prompt up to `max_len` tokens: the worst difference of their
+/// logits.
+pub fn sorted_experts_difference(arch: &str, quant: &str, max_len: usize) -> f32 {
+    let dir = folder(arch, quant);
+    let sorted = MlxModel::load_with(&dir, MLX_OPS).expect("load the tiny conversion");
+    let unsorted = MlxModel::load_with(
+        &dir,
+        LoadOptions {
+            sort_experts_from: usize::MAX,
+            ..MLX_OPS
+        },
+    )
+    .expect("load the tiny conversion");
+    let reference = reference(arch, quant, false);
+    let mut lengths: Vec<usize> = reference
+        .keys()
+        .filter_map(|k| k.strip_prefix("ids_")?.parse().ok())
+        .filter(|&n| n <= max_len)
+        .collect();
+    lengths.sort_unstable();
+    assert!(
+        lengths.iter().any(|&n| n >= SORT_EXPERTS_FROM),
+        "no prompt long enough to sort: {lengths:?}"
+    );
+    let mut worst = 0f32;
+    for n in lengths {
+        let tokens = ids(&reference[&format!("ids_{n}")]);
+        let run = |model: &MlxModel| {
+            let mut cache = model.new_cache();
+            let last = model.prefill(&tokens, &mut cache, CHUNK).unwrap();
+            logits(model, &last)
+        };
+        let diff = max_diff(&run(&sorted), &run(&unsorted));
+        println!(
+            "{arch} {quant}: {n} tokens, sorted against unsorted experts: max |diff| {diff:.3e}"
+        );
+        worst = worst.max(diff);
+    }
+    worst
 }

@@ -73,14 +73,55 @@ pub struct LoadOptions {
     /// `exp` one element at a time, which made these two steps most of a
     /// question's time; on Metal MLX's own kernels are fast.
     pub host_kernels: bool,
+    /// Quantized experts (`gather_qmm`) get their token-expert pairs sorted
+    /// by expert from this many pairs on ([`switch::SORT_EXPERTS_FROM`]);
+    /// `usize::MAX` never sorts. MLX takes its batched kernel only for
+    /// sorted pairs; unsorted, each pair reads its expert's weights again.
+    pub sort_experts_from: usize,
 }
 
 impl Default for LoadOptions {
+    /// The choices for the device MLX computes on, read at run time.
     fn default() -> Self {
-        let cpu = !cfg!(target_os = "macos");
+        LoadOptions::for_device(Device::current())
+    }
+}
+
+impl LoadOptions {
+    /// On the CPU: dequantized weights and the host kernels; on a GPU
+    /// (Metal): neither.
+    pub fn for_device(device: Device) -> Self {
+        let cpu = device == Device::Cpu;
         LoadOptions {
             dequantize: cpu,
             host_kernels: cpu,
+            sort_experts_from: switch::SORT_EXPERTS_FROM,
+        }
+    }
+}
+
+/// The kind of device MLX computes on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Device {
+    Cpu,
+    Gpu,
+}
+
+impl Device {
+    /// MLX's default device, asked at run time: a GPU with a Metal build on
+    /// a Mac whose GPU MLX can use; the CPU with MLX's CPU build, and with a
+    /// Metal build that found no usable GPU.
+    pub fn current() -> Device {
+        match mlx_rs::Device::try_default().and_then(|d| d.get_type()) {
+            Ok(mlx_rs::DeviceType::Gpu) => Device::Gpu,
+            _ => Device::Cpu,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Device::Cpu => "cpu",
+            Device::Gpu => "gpu",
         }
     }
 }
@@ -907,4 +948,25 @@ fn prompt_logprobs(
     }
     let last = last.ok_or_else(|| MlxError::Config("an empty prompt has no next token".into()))?;
     Ok((last, out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_follows_the_device_mlx_computes_on() {
+        let cpu = LoadOptions::for_device(Device::Cpu);
+        assert!(cpu.dequantize && cpu.host_kernels);
+        let gpu = LoadOptions::for_device(Device::Gpu);
+        assert!(!gpu.dequantize && !gpu.host_kernels);
+        assert_eq!(
+            LoadOptions::default(),
+            LoadOptions::for_device(Device::current())
+        );
+        // MLX's CPU build (Linux) has no other device.
+        if cfg!(not(target_os = "macos")) {
+            assert_eq!(Device::current(), Device::Cpu);
+        }
+    }
 }

@@ -3,7 +3,10 @@
 //! stacked `[E, out, in]` (`{P}.gate_proj`, `{P}.up_proj`, `{P}.down_proj`).
 //!
 //! Quantized experts are multiplied by `gather_qmm`, as mlx-lm multiplies
-//! them. Dense experts (the CPU default dequantizes at load; MLX's CPU
+//! them. From [`SORT_EXPERTS_FROM`] token-expert pairs on, the pairs are
+//! sorted by expert first (and the outputs put back in order after): MLX
+//! runs its batched kernel (on Metal, one pass over each expert's weights
+//! for all its rows) only for sorted pairs. Dense experts (the CPU default dequantizes at load; MLX's CPU
 //! `gather_mm` takes float32 only) are multiplied expert by expert for the
 //! rows routed to each, the product rounded to the activations' dtype, as
 //! a bfloat16 kernel accumulating in float32 returns it.
@@ -13,6 +16,11 @@ use mlx_rs::{ops, Array, Dtype};
 use super::layers;
 use super::loader::{Quant, Weights};
 use super::{MlxError, MlxResult};
+
+/// Token-expert pairs from which quantized experts sort them by expert, as
+/// mlx-lm's `SwitchGLU` does (a prefill chunk; a question's few tokens stay
+/// unsorted, where sorting costs more than it saves).
+pub const SORT_EXPERTS_FROM: usize = 64;
 
 /// The experts' stacked matrices `[E, out, in]` of one projection.
 enum Experts {
@@ -44,8 +52,9 @@ impl Experts {
     }
 
     /// `x` `[B, L, 1, 1, in]` through the experts `indices` `[B, L, k]`
-    /// → `[B, L, k, 1, out]`.
-    fn gather(&self, x: &Array, indices: &Array) -> MlxResult<Array> {
+    /// → `[B, L, k, 1, out]`; or, `sorted`, `x` `[N, 1, in]` through
+    /// `indices` `[N]` in ascending order → `[N, 1, out]`.
+    fn gather(&self, x: &Array, indices: &Array, sorted: bool) -> MlxResult<Array> {
         match self {
             Experts::Quantized {
                 weight,
@@ -62,7 +71,7 @@ impl Experts {
                 true,
                 quant.group_size,
                 quant.bits,
-                false,
+                sorted,
             )?),
             Experts::Dense(_) => Err(MlxError::Config(
                 "dense experts are multiplied by rows, not gathered".into(),
@@ -95,6 +104,7 @@ pub struct SwitchGlu {
     down_proj: Experts,
     activation: Activation,
     host_kernels: bool,
+    sort_from: usize,
 }
 
 impl SwitchGlu {
@@ -107,6 +117,7 @@ impl SwitchGlu {
             down_proj: Experts::load(w, &format!("{prefix}.down_proj"))?,
             activation,
             host_kernels: w.options.host_kernels,
+            sort_from: w.options.sort_experts_from,
         })
     }
 
@@ -119,13 +130,49 @@ impl SwitchGlu {
         }
     }
 
-    /// By `gather_qmm`, as mlx-lm runs quantized experts.
+    /// By `gather_qmm`, as mlx-lm runs quantized experts: the pairs in
+    /// token order, or sorted by expert from `sort_from` pairs on.
     fn gathered(&self, x: &Array, inds: &Array) -> MlxResult<Array> {
+        if inds.size() >= self.sort_from {
+            return self.gathered_sorted(x, inds);
+        }
         let xe = x.expand_dims_axes(&[-2, -3])?;
-        let up = self.up_proj.gather(&xe, inds)?;
-        let gate = self.gate_proj.gather(&xe, inds)?;
+        let up = self.up_proj.gather(&xe, inds, false)?;
+        let gate = self.gate_proj.gather(&xe, inds, false)?;
         let h = (self.activation)(&gate, &up, self.host_kernels)?;
-        Ok(self.down_proj.gather(&h, inds)?.squeeze_axes(&[-2])?)
+        Ok(self
+            .down_proj
+            .gather(&h, inds, false)?
+            .squeeze_axes(&[-2])?)
+    }
+
+    /// The pairs sorted by expert (on the device: four MLX ops whatever the
+    /// number of tokens), each pair's row of `x` taken in that order, the
+    /// products gathered as sorted, and the outputs put back in (token,
+    /// slot) order by the inverse permutation.
+    fn gathered_sorted(&self, x: &Array, inds: &Array) -> MlxResult<Array> {
+        let sh = x.shape();
+        let d = sh[sh.len() - 1];
+        let k = inds.shape()[inds.ndim() - 1];
+        let pairs = ops::flatten(inds, None, None)?;
+        let order = ops::argsort_axis(&pairs, 0)?;
+        let back = ops::argsort_axis(&order, 0)?;
+        // Each pair's token (argsort's indices are uint32; so is `k` here).
+        let token = ops::floor_divide(&order, Array::from_slice(&[k as u32], &[]))?;
+        let rows = ops::indexing::take_axis(ops::reshape(x, &[-1, d])?, &token, 0)?
+            .expand_dims_axes(&[-2])?;
+        let experts = ops::indexing::take_axis(&pairs, &order, 0)?;
+        let up = self.up_proj.gather(&rows, &experts, true)?;
+        let gate = self.gate_proj.gather(&rows, &experts, true)?;
+        let h = (self.activation)(&gate, &up, self.host_kernels)?;
+        let y = self
+            .down_proj
+            .gather(&h, &experts, true)?
+            .squeeze_axes(&[-2])?;
+        let y = ops::indexing::take_axis(&y, &back, 0)?;
+        let mut shape = sh[..sh.len() - 1].to_vec();
+        shape.extend([k, d]);
+        Ok(ops::reshape(&y, &shape)?)
     }
 
     /// With dense experts: the routing is read on the host, the rows routed
