@@ -56,6 +56,25 @@ pub fn logits(model: &MlxModel, hidden: &Array) -> Vec<f32> {
     l.as_slice::<f32>().to_vec()
 }
 
+/// The reference's prompt lengths up to `max_len`, shortest first.
+pub fn lengths(reference: &HashMap<String, Array>, max_len: usize) -> Vec<usize> {
+    let mut lengths: Vec<usize> = reference
+        .keys()
+        .filter_map(|k| k.strip_prefix("ids_")?.parse().ok())
+        .filter(|&n| n <= max_len)
+        .collect();
+    lengths.sort_unstable();
+    lengths
+}
+
+/// The last position's logits of `tokens` read from an empty cache in
+/// chunks, as the engine reads a prompt.
+pub fn prompt_logits(model: &MlxModel, tokens: &[u32]) -> Vec<f32> {
+    let mut cache = model.new_cache();
+    let last = model.prefill(tokens, &mut cache, CHUNK).unwrap();
+    logits(model, &last)
+}
+
 pub fn max_diff(got: &[f32], want: &[f32]) -> f32 {
     assert_eq!(got.len(), want.len());
     got.iter()
@@ -76,12 +95,8 @@ pub fn compare(arch: &str, quant: &str, options: LoadOptions, max_len: usize) ->
         model.info.architecture
     );
     let reference = reference(arch, quant, options.dequantize);
-    let mut lengths: Vec<usize> = reference
-        .keys()
-        .filter_map(|k| k.strip_prefix("ids_")?.parse().ok())
-        .collect();
-    lengths.sort_unstable();
-    assert!(lengths.len() >= 8, "the reference holds {lengths:?}");
+    let all = lengths(&reference, usize::MAX);
+    assert!(all.len() >= 8, "the reference holds {all:?}");
     let label = format!(
         "{arch} {quant} ({})",
         if options.dequantize {
@@ -91,12 +106,10 @@ pub fn compare(arch: &str, quant: &str, options: LoadOptions, max_len: usize) ->
         }
     );
     let mut worst = 0f32;
-    for n in lengths.into_iter().filter(|&n| n <= max_len) {
+    for n in all.into_iter().filter(|&n| n <= max_len) {
         let tokens = ids(&reference[&format!("ids_{n}")]);
         let want = reference[&format!("logits_{n}")].as_slice::<f32>();
-        let mut cache = model.new_cache();
-        let last = model.prefill(&tokens, &mut cache, CHUNK).unwrap();
-        let got = logits(&model, &last);
+        let got = prompt_logits(&model, &tokens);
         let diff = max_diff(&got, want);
         println!("{label}: {n} tokens, max |diff| {diff:.3e}");
         assert_eq!(
@@ -179,12 +192,21 @@ pub const CPU: LoadOptions = LoadOptions {
     dequantize: true,
     host_kernels: true,
     sort_experts_from: SORT_EXPERTS_FROM,
+    chunked_delta: true,
 };
-/// Weights as stored and MLX's own ops, as mlx-lm runs them.
+/// Weights as stored and MLX's own ops (Metal's defaults): linear
+/// attention reads prompts in blocks of tokens.
 pub const MLX_OPS: LoadOptions = LoadOptions {
     dequantize: false,
     host_kernels: false,
     sort_experts_from: SORT_EXPERTS_FROM,
+    chunked_delta: true,
+};
+/// Weights as stored and MLX's own ops as mlx-lm runs them: linear
+/// attention a token at a time.
+pub const MLX_LM_OPS: LoadOptions = LoadOptions {
+    chunked_delta: false,
+    ..MLX_OPS
 };
 
 /// A snapshot (a clone of the prefix's cache, here a 300-token state, beyond
@@ -248,12 +270,7 @@ pub fn sorted_experts_difference(arch: &str, quant: &str, max_len: usize) -> f32
     )
     .expect("load the tiny conversion");
     let reference = reference(arch, quant, false);
-    let mut lengths: Vec<usize> = reference
-        .keys()
-        .filter_map(|k| k.strip_prefix("ids_")?.parse().ok())
-        .filter(|&n| n <= max_len)
-        .collect();
-    lengths.sort_unstable();
+    let lengths = lengths(&reference, max_len);
     assert!(
         lengths.iter().any(|&n| n >= SORT_EXPERTS_FROM),
         "no prompt long enough to sort: {lengths:?}"
@@ -261,16 +278,97 @@ pub fn sorted_experts_difference(arch: &str, quant: &str, max_len: usize) -> f32
     let mut worst = 0f32;
     for n in lengths {
         let tokens = ids(&reference[&format!("ids_{n}")]);
-        let run = |model: &MlxModel| {
-            let mut cache = model.new_cache();
-            let last = model.prefill(&tokens, &mut cache, CHUNK).unwrap();
-            logits(model, &last)
-        };
-        let diff = max_diff(&run(&sorted), &run(&unsorted));
+        let diff = max_diff(
+            &prompt_logits(&sorted, &tokens),
+            &prompt_logits(&unsorted, &tokens),
+        );
         println!(
             "{arch} {quant}: {n} tokens, sorted against unsorted experts: max |diff| {diff:.3e}"
         );
         worst = worst.max(diff);
     }
     worst
+}
+
+/// A copy of a tiny conversion with every floating tensor in float32 (the
+/// packed quantized weights kept), so that the model computes in float32.
+pub fn float32_copy(arch: &str, quant: &str) -> PathBuf {
+    let from = folder(arch, quant);
+    let to =
+        std::env::temp_dir().join(format!("decisio-f32-{}-{arch}-{quant}", std::process::id()));
+    std::fs::create_dir_all(&to).unwrap();
+    for entry in std::fs::read_dir(&from).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if name.starts_with("reference") {
+            continue;
+        }
+        if name.ends_with(".safetensors") {
+            let arrays = Array::load_safetensors(&path).unwrap();
+            let cast: HashMap<String, Array> = arrays
+                .into_iter()
+                .map(|(k, a)| {
+                    let a = match a.dtype() {
+                        mlx_rs::Dtype::Bfloat16 | mlx_rs::Dtype::Float16 => {
+                            a.as_dtype(mlx_rs::Dtype::Float32).unwrap()
+                        }
+                        _ => a,
+                    };
+                    (k, a)
+                })
+                .collect();
+            Array::save_safetensors(cast.iter(), None, to.join(&name)).unwrap();
+        } else if name.ends_with(".json") {
+            std::fs::copy(&path, to.join(&name)).unwrap();
+        }
+    }
+    to
+}
+
+/// Linear attention read in blocks of tokens against a token at a time,
+/// both in MLX ops on a float32 copy of the conversion, on the reference
+/// prompts up to `max_len` tokens: the worst difference of their logits.
+pub fn chunked_against_steps(arch: &str, quant: &str, max_len: usize) -> f32 {
+    let dir = float32_copy(arch, quant);
+    let chunked = MlxModel::load_with(&dir, MLX_OPS).unwrap();
+    let steps = MlxModel::load_with(&dir, MLX_LM_OPS).unwrap();
+    let reference = reference(arch, quant, false);
+    let mut worst = 0f32;
+    for n in lengths(&reference, max_len) {
+        let tokens = ids(&reference[&format!("ids_{n}")]);
+        let (a, b) = (
+            prompt_logits(&chunked, &tokens),
+            prompt_logits(&steps, &tokens),
+        );
+        let diff = max_diff(&a, &b);
+        println!(
+            "{arch} {quant} in float32: {n} tokens, blocks against steps: max |diff| {diff:.3e}"
+        );
+        assert_eq!(argmax(&a), argmax(&b), "{arch} {quant}: {n} tokens");
+        worst = worst.max(diff);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    worst
+}
+
+/// Linear attention read in blocks of tokens, in the conversion's own
+/// bfloat16, against mlx-lm's logits on the reference prompts up to
+/// `max_len` tokens: (worst difference, prompts with the same argmax,
+/// prompts).
+pub fn chunked_bfloat16_figures(arch: &str, quant: &str, max_len: usize) -> (f32, usize, usize) {
+    let model = MlxModel::load_with(&folder(arch, quant), MLX_OPS).unwrap();
+    let reference = reference(arch, quant, false);
+    let lengths = lengths(&reference, max_len);
+    let (mut worst, mut same) = (0f32, 0);
+    for &n in &lengths {
+        let tokens = ids(&reference[&format!("ids_{n}")]);
+        let want = reference[&format!("logits_{n}")].as_slice::<f32>();
+        let got = prompt_logits(&model, &tokens);
+        let diff = max_diff(&got, want);
+        let top = want.iter().fold(0f32, |m, x| m.max(x.abs()));
+        println!("{arch} {quant} in bfloat16, blocks: {n} tokens, max |diff| {diff:.3e} (largest logit {top:.3e})");
+        worst = worst.max(diff);
+        same += usize::from(argmax(&got) == argmax(want));
+    }
+    (worst, same, lengths.len())
 }

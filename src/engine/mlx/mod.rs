@@ -17,7 +17,9 @@
 //! (`docs/design/vllm.md`, parity).
 
 pub mod cache;
+pub mod delta;
 pub mod gemma4;
+pub mod graph;
 pub mod host;
 pub mod layers;
 pub mod llama;
@@ -78,6 +80,11 @@ pub struct LoadOptions {
     /// `usize::MAX` never sorts. MLX takes its batched kernel only for
     /// sorted pairs; unsorted, each pair reads its expert's weights again.
     pub sort_experts_from: usize,
+    /// Linear attention in MLX ops reads a prompt in blocks of tokens
+    /// ([`delta::chunked`]); `false` reads it a token at a time
+    /// ([`delta::steps`]), as mlx-lm does. Decoding is a token at a time
+    /// either way, and the host kernels have their own loop.
+    pub chunked_delta: bool,
 }
 
 impl Default for LoadOptions {
@@ -96,6 +103,7 @@ impl LoadOptions {
             dequantize: cpu,
             host_kernels: cpu,
             sort_experts_from: switch::SORT_EXPERTS_FROM,
+            chunked_delta: true,
         }
     }
 }

@@ -17,7 +17,10 @@
 //! A linear-attention block keeps, per sequence, the last
 //! `linear_conv_kernel_dim - 1` inputs of its causal convolution and the
 //! recurrent state `[B, Hv, Dv, Dk]` (float32); both continue exactly from a
-//! cache, so a prompt may be read in chunks.
+//! cache, so a prompt may be read in chunks. The state's recurrence (the
+//! gated delta rule) is computed as [`super::delta`] says: by the host
+//! kernel on the CPU, else in blocks of tokens (reading a prompt) or a
+//! token at a time (decoding).
 
 use mlx_rs::fast::{self, ScaledDotProductAttentionMask};
 use mlx_rs::{nn, ops, Array, Dtype};
@@ -25,6 +28,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::cache::{DeltaCache, KvCache, LayerCache, ModelCache};
+use super::delta;
 use super::host;
 use super::layers::{Embedding, Linear, RmsNorm};
 use super::loader::Weights;
@@ -282,6 +286,8 @@ struct GatedDeltaNet {
     head_v_dim: i32,
     kernel: i32,
     host_kernels: bool,
+    /// Read prompts in blocks of tokens (`LoadOptions::chunked_delta`).
+    chunked: bool,
 }
 
 impl GatedDeltaNet {
@@ -313,6 +319,7 @@ impl GatedDeltaNet {
             head_v_dim: c.linear_value_head_dim,
             kernel: c.linear_conv_kernel_dim,
             host_kernels: w.options.host_kernels,
+            chunked: w.options.chunked_delta,
         })
     }
 
@@ -361,10 +368,11 @@ impl GatedDeltaNet {
         let k = scaled(fast::rms_norm(&k, None, eps)?, inv_scale)?;
 
         let beta = ops::sigmoid(&beta_in)?;
-        let decay = ops::exp(&ops::multiply(
+        let log_decay = ops::multiply(
             &ops::negative(&ops::exp(self.a_log.as_dtype(Dtype::Float32)?)?)?,
             &nn::softplus(ops::add(&a, &self.dt_bias)?)?,
-        )?)?;
+        )?;
+        let decay = ops::exp(&log_decay)?;
         let state = match cache.state.take() {
             Some(st) => st,
             None => ops::zeros_dtype(
@@ -372,10 +380,22 @@ impl GatedDeltaNet {
                 Dtype::Float32,
             )?,
         };
+        // The host kernel on the CPU; else MLX ops: a token at a time to
+        // decode, in blocks of tokens to read a prompt.
         let (y, state) = if self.host_kernels {
-            delta_rule_host(&q, &k, &v, &decay, &beta, &state)?
+            delta::host(&q, &k, &v, &decay, &beta, &state)?
         } else {
-            self.delta_rule_ops(q, k, &v, &decay, &beta, state)?
+            let repeat = self.num_v_heads / self.num_k_heads;
+            let (q, k) = if repeat > 1 {
+                (repeat_heads(&q, repeat)?, repeat_heads(&k, repeat)?)
+            } else {
+                (q, k)
+            };
+            if s == 1 || !self.chunked {
+                delta::steps(&q, &k, &v, &decay, &beta, state)?
+            } else {
+                delta::chunked(&q, &k, &v, &log_decay, &beta, state)?
+            }
         };
         cache.state = Some(state);
         let y = y.as_dtype(x.dtype())?;
@@ -389,42 +409,6 @@ impl GatedDeltaNet {
         .as_dtype(y.dtype())?;
         self.out_proj.forward(&ops::reshape(&gated, &[b, s, -1])?)
     }
-
-    /// The recurrence one time step at a time in MLX ops.
-    fn delta_rule_ops(
-        &self,
-        q: Array,
-        k: Array,
-        v: &Array,
-        decay: &Array,
-        beta: &Array,
-        mut state: Array,
-    ) -> MlxResult<(Array, Array)> {
-        let repeat = self.num_v_heads / self.num_k_heads;
-        let (q, k) = if repeat > 1 {
-            (repeat_heads(&q, repeat)?, repeat_heads(&k, repeat)?)
-        } else {
-            (q, k)
-        };
-        let s = q.shape()[1];
-        let mut ys = Vec::with_capacity(s as usize);
-        for t in 0..s {
-            let at = |x: &Array| -> MlxResult<Array> {
-                let i = Array::from_slice(&[t], &[1]);
-                Ok(ops::indexing::take_axis(x, i, 1)?.squeeze_axes(&[1])?)
-            };
-            let (qt, kt, vt, gt, bt) = (at(&q)?, at(&k)?, at(v)?, at(decay)?, at(beta)?);
-            state = ops::multiply(&state, &gt.expand_dims_axes(&[-1, -2])?)?;
-            let kt4 = kt.expand_dims(-2)?;
-            let kv_mem = ops::multiply(&state, &kt4)?.sum_axis(-1, false)?;
-            let delta = ops::multiply(&ops::subtract(&vt, &kv_mem)?, &bt.expand_dims(-1)?)?;
-            state = ops::add(&state, &ops::multiply(&kt4, &delta.expand_dims(-1)?)?)?;
-            let y = ops::multiply(&state, &qt.expand_dims(-2)?)?.sum_axis(-1, false)?;
-            ys.push(y.as_dtype(qt.dtype())?);
-        }
-        let refs: Vec<&Array> = ys.iter().collect();
-        Ok((ops::stack(&refs, 1)?, state))
-    }
 }
 
 /// `[B, L, H, D]` → `[B, L, H * r, D]`, each head repeated `r` times in place.
@@ -433,91 +417,6 @@ fn repeat_heads(x: &Array, r: i32) -> MlxResult<Array> {
     let e = x.expand_dims(3)?;
     let e = ops::broadcast_to(&e, &[sh[0], sh[1], sh[2], r, sh[3]])?;
     Ok(ops::reshape(&e, &[sh[0], sh[1], sh[2] * r, sh[3]])?)
-}
-
-/// The gated delta rule on the host, in float32: per batch and value head,
-/// the state `[Dv, Dk]` is decayed, corrected toward `v_t` along `k_t`, and
-/// read along `q_t`. Returns `y` `[B, S, Hv, Dv]` (float32) and the state.
-fn delta_rule_host(
-    q: &Array,
-    k: &Array,
-    v: &Array,
-    decay: &Array,
-    beta: &Array,
-    state: &Array,
-) -> MlxResult<(Array, Array)> {
-    let (b, s, hk, dk) = (
-        q.shape()[0] as usize,
-        q.shape()[1] as usize,
-        q.shape()[2] as usize,
-        q.shape()[3] as usize,
-    );
-    let (hv, dv) = (v.shape()[2] as usize, v.shape()[3] as usize);
-    let f32s = |x: &Array| -> MlxResult<Array> {
-        let x = x.as_dtype(Dtype::Float32)?.contiguous()?;
-        x.eval()?;
-        Ok(x)
-    };
-    let (q, k, v, g, be, st) = (
-        f32s(q)?,
-        f32s(k)?,
-        f32s(v)?,
-        f32s(decay)?,
-        f32s(beta)?,
-        f32s(state)?,
-    );
-    let (qs, ks, vs, gs, bs) = (
-        q.as_slice::<f32>(),
-        k.as_slice::<f32>(),
-        v.as_slice::<f32>(),
-        g.as_slice::<f32>(),
-        be.as_slice::<f32>(),
-    );
-    let mut states = st.as_slice::<f32>().to_vec();
-    let mut y = vec![0f32; b * s * hv * dv];
-    let ratio = hv / hk;
-    let mut kv_mem = vec![0f32; dv];
-    for bi in 0..b {
-        for h in 0..hv {
-            let kh = h / ratio;
-            let sm = &mut states[(bi * hv + h) * dv * dk..][..dv * dk];
-            for t in 0..s {
-                let row = (bi * s + t) * hv + h;
-                let gt = gs[row];
-                let bt = bs[row];
-                let qk = (bi * s + t) * hk + kh;
-                let qt = &qs[qk * dk..][..dk];
-                let kt = &ks[qk * dk..][..dk];
-                let vt = &vs[row * dv..][..dv];
-                for (i, m) in kv_mem.iter_mut().enumerate() {
-                    let r = &mut sm[i * dk..][..dk];
-                    let mut acc = 0f32;
-                    for (x, &kk) in r.iter_mut().zip(kt) {
-                        *x *= gt;
-                        acc += *x * kk;
-                    }
-                    *m = acc;
-                }
-                let yt = &mut y[row * dv..][..dv];
-                for (i, out) in yt.iter_mut().enumerate() {
-                    let delta = (vt[i] - kv_mem[i]) * bt;
-                    let r = &mut sm[i * dk..][..dk];
-                    let mut acc = 0f32;
-                    for ((x, &kk), &qq) in r.iter_mut().zip(kt).zip(qt) {
-                        *x += kk * delta;
-                        acc += *x * qq;
-                    }
-                    *out = acc;
-                }
-            }
-        }
-    }
-    let shape_y = [b as i32, s as i32, hv as i32, dv as i32];
-    let shape_s = [b as i32, hv as i32, dv as i32, dk as i32];
-    Ok((
-        Array::from_slice(&y, &shape_y),
-        Array::from_slice(&states, &shape_s),
-    ))
 }
 
 /// A SwiGLU MLP (the dense blocks' and the shared expert).
