@@ -56,6 +56,10 @@ pub struct Metrics {
     pub task_registration_tasks: IntGaugeVec,
     /// Examples per second of the running registration (0 when none runs).
     pub task_registration_rate: Gauge,
+    /// MLX's memory by kind (`active`: held by arrays; `peak`: the most
+    /// held at once since start; `cache`: freed buffers MLX keeps for
+    /// reuse); the MLX backend's only.
+    pub mlx_memory_bytes: IntGaugeVec,
 }
 
 impl Metrics {
@@ -196,6 +200,14 @@ impl Metrics {
                 "Examples per second of the running task registration (0 when none runs).",
             )
             .expect("metric"),
+            mlx_memory_bytes: IntGaugeVec::new(
+                Opts::new(
+                    "decisio_mlx_memory_bytes",
+                    "MLX's memory by kind: active (held by arrays), peak (the most held at once), cache (freed buffers kept for reuse). MLX backend only.",
+                ),
+                &["kind"],
+            )
+            .expect("metric"),
             registry,
         };
         // Every outcome is exported from the start, at 0.
@@ -234,6 +246,7 @@ impl Metrics {
             Box::new(self.task_registrations.clone()),
             Box::new(self.task_registration_tasks.clone()),
             Box::new(self.task_registration_rate.clone()),
+            Box::new(self.mlx_memory_bytes.clone()),
         ];
         for c in all {
             r.register(c).expect("unique metric names");

@@ -33,6 +33,7 @@ const METRICS: &[(&str, &str)] = &[
     ("decisio_task_registration_tasks", "gauge"),
     ("decisio_task_registration_examples_per_second", "gauge"),
     ("decisio_packed_answers_total", "counter"),
+    ("decisio_mlx_memory_bytes", "gauge"),
 ];
 
 /// How long Prometheus may take to start and to have scraped the figures.
@@ -337,6 +338,23 @@ fn prometheus_scrapes_the_decision_metrics() {
             "no sample of {series} in /metrics:\n{text}"
         );
     }
+    // MLX's memory: the weights are held (read at start), the peak at
+    // least what is held now.
+    let memory: std::collections::HashMap<&str, f64> = samples(&text, "decisio_mlx_memory_bytes")
+        .into_iter()
+        .collect();
+    let active = memory[r#"kind="active""#];
+    assert!(active > 1e6, "{memory:?}");
+    assert!(memory[r#"kind="peak""#] >= active, "{memory:?}");
+    // MLX's buffer cache within its limit (src/engine/mlx/memory.rs), the
+    // prefix cache within its budget.
+    assert!(
+        memory[r#"kind="cache""#] <= decisio::engine::mlx::memory::CACHE_CAP as f64,
+        "{memory:?}"
+    );
+    let held = samples(&text, "decisio_prefix_cache_bytes")[0].1;
+    let budget = samples(&text, "decisio_prefix_cache_capacity_bytes")[0].1;
+    assert!(held > 0.0 && held <= budget, "{held} of {budget}");
     let known: BTreeSet<&str> = decisio::server::ROUTES
         .iter()
         .map(|&(_, path)| path)

@@ -65,9 +65,23 @@ pub struct Weights {
 impl Weights {
     pub fn load(dir: &Path, config: &Value, options: super::LoadOptions) -> MlxResult<Self> {
         let mut tensors = HashMap::new();
-        for file in shard_files(dir)? {
-            let part = Array::load_safetensors(&file)
+        let files = shard_files(dir)?;
+        for (i, file) in files.iter().enumerate() {
+            let started = std::time::Instant::now();
+            let part = Array::load_safetensors(file)
                 .map_err(|e| MlxError::Config(format!("cannot load {}: {e}", file.display())))?;
+            // Read now: MLX loads lazily, which would leave the reading to
+            // the first request (on Metal, the whole model's).
+            mlx_rs::transforms::eval(part.values())?;
+            let bytes: usize = part.values().map(Array::nbytes).sum();
+            tracing::info!(
+                "read {} ({} of {}): {:.1} MiB in {:.1} s",
+                file.file_name().unwrap_or_default().to_string_lossy(),
+                i + 1,
+                files.len(),
+                bytes as f64 / (1u64 << 20) as f64,
+                started.elapsed().as_secs_f64()
+            );
             tensors.extend(part);
         }
         let (default_quant, overrides) = parse_quantization(config)?;
@@ -137,6 +151,24 @@ impl Weights {
             shown.join(", ")
         )))
     }
+}
+
+/// The bytes of a conversion's weights: the sizes on disk of the folder's
+/// `.safetensors` files (what MLX holds of them, before any dequantized
+/// copy). Read from the listing alone, before anything is loaded.
+pub fn weight_bytes(dir: &Path) -> MlxResult<usize> {
+    let listing = std::fs::read_dir(dir)
+        .map_err(|e| MlxError::Config(format!("cannot list {}: {e}", dir.display())))?;
+    let mut bytes = 0;
+    for entry in listing.filter_map(Result::ok) {
+        let path = entry.path();
+        if path.extension().is_some_and(|x| x == "safetensors") {
+            bytes += std::fs::metadata(&path)
+                .map_err(|e| MlxError::Config(format!("cannot read {}: {e}", path.display())))?
+                .len() as usize;
+        }
+    }
+    Ok(bytes)
 }
 
 fn shard_files(dir: &Path) -> MlxResult<Vec<PathBuf>> {

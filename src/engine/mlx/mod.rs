@@ -24,6 +24,7 @@ pub mod host;
 pub mod layers;
 pub mod llama;
 pub mod loader;
+pub mod memory;
 pub mod qwen3_5;
 pub mod sample;
 pub mod switch;
@@ -222,6 +223,17 @@ impl MlxModel {
 
     pub fn new_cache(&self) -> ModelCache {
         self.arch.new_cache()
+    }
+
+    /// Computes what the weights still owe (a dequantized copy, a stacked
+    /// expert, a norm folded at load): one token through every layer and
+    /// the output head, evaluated and dropped, so the first request runs
+    /// at full speed.
+    pub fn warm_up(&self) -> MlxResult<()> {
+        let mut cache = self.new_cache();
+        let last = self.last_hidden(&[0], &mut cache)?;
+        self.logits(&last)?.eval()?;
+        Ok(())
     }
 
     /// Final hidden states of `tokens` (`[1, L]`), extending `cache`.
@@ -631,6 +643,30 @@ fn engine_thread(
         }
     };
     let started = std::time::Instant::now();
+    // The weights must fit the device; MLX's limits follow from them.
+    let device = Device::current();
+    let limits = loader::weight_bytes(&dir).and_then(|weights| {
+        memory::plan(
+            device,
+            memory::working_set(device),
+            weights,
+            (options.prefix_cache_mib as usize) << 20,
+        )
+        .map_err(MlxError::Config)
+    });
+    match limits.and_then(|l| memory::apply(&l).map(|()| l).map_err(MlxError::from)) {
+        Ok(l) => tracing::info!(
+            working_set = l.working_set,
+            wired = l.wired,
+            cache = l.cache,
+            "MLX memory limits"
+        ),
+        Err(e) => {
+            tracing::error!("{} cannot be served: {e}", dir.display());
+            set(EngineStatus::Failed(e.to_string()));
+            return;
+        }
+    }
     let model = match MlxModel::load_with(&dir, options.load) {
         Ok(m) => m,
         Err(e) => {
@@ -639,12 +675,20 @@ fn engine_thread(
             return;
         }
     };
+    if let Err(e) = model.warm_up() {
+        tracing::error!("the first pass through {} failed: {e}", dir.display());
+        set(EngineStatus::Failed(e.to_string()));
+        return;
+    }
+    let _ = mlx_rs::memory::clear_cache();
     tracing::info!(
-        "loaded {} ({}) in {:.1} s",
+        "loaded {} ({}) in {:.1} s, {:.1} MiB held",
         dir.display(),
         model.info.architecture,
-        started.elapsed().as_secs_f64()
+        started.elapsed().as_secs_f64(),
+        mlx_rs::memory::active_memory().unwrap_or(0) as f64 / (1u64 << 20) as f64
     );
+    export_memory(&options.metrics);
     set(EngineStatus::Ready);
     let prefix_cache: PrefixCache<Snapshot> =
         PrefixCache::new(options.prefix_cache_mib, options.metrics.clone());
@@ -698,6 +742,25 @@ fn engine_thread(
             }
         }
         depth.fetch_sub(1, Ordering::Relaxed);
+        export_memory(&options.metrics);
+    }
+}
+
+/// MLX's memory figures as the `decisio_mlx_memory_bytes` gauges
+/// (`memory.rs` says what bounds them).
+fn export_memory(metrics: &Metrics) {
+    use mlx_rs::memory;
+    for (kind, bytes) in [
+        ("active", memory::active_memory()),
+        ("peak", memory::peak_memory()),
+        ("cache", memory::cache_memory()),
+    ] {
+        if let Ok(b) = bytes {
+            metrics
+                .mlx_memory_bytes
+                .with_label_values(&[kind])
+                .set(b as i64);
+        }
     }
 }
 
@@ -721,6 +784,9 @@ fn score(
             let mut cache = model.new_cache();
             model.prefill(&request.prefix, &mut cache, options.prefill_chunk)?;
             cache.eval()?;
+            // The prefill's scratch buffers go back to the system, not to
+            // MLX's cache (src/engine/mlx/memory.rs).
+            let _ = mlx_rs::memory::clear_cache();
             let seconds = started.elapsed().as_secs_f64();
             let room = options.answers_per_state * answer_bytes(model, request);
             let snapshot = Arc::new(Snapshot::new(cache, room));
