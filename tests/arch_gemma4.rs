@@ -77,7 +77,7 @@ fn gemma4_text_moe_quantized_matches_mlx_lm() {
 #[test]
 fn gemma4_text_moe_sorted_experts_give_the_unsorted_bits() {
     for quant in ["4bit", "6bit"] {
-        let worst = tiny::sorted_experts_difference("gemma4_text_moe", quant, 300);
+        let worst = tiny::sorted_experts_difference("gemma4_text_moe", quant, 70);
         assert_eq!(worst, 0.0, "gemma4_text_moe {quant}");
     }
 }
