@@ -13,10 +13,10 @@ PYTHON := $(DECISIO_CACHE)/venv/bin/python
 # mlx-lm's own dense copy of the fixture (the same weight values, on MLX's
 # fast dense CPU kernels) and the BLAS decisio links, for the references.
 DENSE_MODEL := $(DECISIO_CACHE)/models/smollm2-135m-instruct-dense
-OPENBLAS := $(wildcard /usr/lib/x86_64-linux-gnu/libopenblas.so.0)
+OPENBLAS := $(wildcard /usr/lib/$(shell gcc -dumpmachine 2>/dev/null)/libopenblas.so.0)
 PORT ?= 8000
 
-.PHONY: setup serve test gate reference reference-cached reference-logits cargo-test e2e lint bench bench-tasks ci-time schemathesis
+.PHONY: setup serve test check-targets gate reference reference-cached reference-logits cargo-test e2e lint bench bench-tasks ci-time schemathesis
 
 setup:
 	@bash scripts/setup.sh
@@ -50,6 +50,10 @@ e2e: setup
 lint:
 	cargo fmt --all -- --check
 	cargo clippy --release --locked --all-targets -- -D warnings
+
+# Compile checks of macOS (Apple silicon) and aarch64 Linux from x86_64 Linux.
+check-targets: setup
+	bash scripts/check-targets.sh
 
 # The fixture's records for the gates: dense reference, 4-bit fixture (twice,
 # fresh servers), 2-bit conversion, the vLLM backend in front of an MLX

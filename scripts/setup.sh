@@ -10,7 +10,10 @@ say() { echo "[setup] $*"; }
 
 if [ "$(uname -s)" = Linux ]; then
   missing=()
-  for pkg in cmake libclang-dev libopenblas0-pthread prometheus; do
+  pkgs=(cmake libclang-dev libopenblas0-pthread prometheus)
+  # The C headers of aarch64 Linux, for the bindings of its compile check.
+  [ "$(uname -m)" = x86_64 ] && pkgs+=(libc6-dev-arm64-cross)
+  for pkg in "${pkgs[@]}"; do
     dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
   done
   if [ ${#missing[@]} -gt 0 ]; then
@@ -19,6 +22,11 @@ if [ "$(uname -s)" = Linux ]; then
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
   fi
+fi
+
+if [ "$(uname -s)" = Darwin ] && ! command -v prometheus >/dev/null && command -v brew >/dev/null; then
+  say "installing prometheus with Homebrew (the metrics tests scrape with it)"
+  brew install prometheus >/dev/null
 fi
 
 bash "$ROOT/scripts/mlx-linux/setup.sh"

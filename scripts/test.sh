@@ -3,7 +3,8 @@
 #
 # Stages: setup (scripts/setup.sh), reference (the Python reference figures,
 # computed once per input: scripts/reference/cache.py), rust (the test
-# binaries built and run side by side: scripts/test_binaries.py), e2e (the
+# binaries built and run side by side: scripts/test_binaries.py), targets
+# (the compile checks of macOS and aarch64 Linux: scripts/check-targets.sh), e2e (the
 # OpenAI SDK tests, and tests/tools: the scripts' own tests), gates (the
 # small suite on the fixture gated against the committed reference record:
 # scripts/ci_gates.sh). At the end, pass or fail, it prints each stage's time;
@@ -59,6 +60,7 @@ stage reference make --no-print-directory reference-cached || exit 1
 rust_json=()
 [ -n "$TIMES" ] && rust_json=(--json "${TIMES%.json}.rust.json")
 stage rust python3 scripts/test_binaries.py "${rust_json[@]}"
+stage targets bash scripts/check-targets.sh
 stage e2e "$PYTHON" -m pytest -q -p no:cacheprovider tests/e2e tests/tools
 stage gates bash scripts/ci_gates.sh
 exit $failed
