@@ -9,6 +9,8 @@
 
 use serde_json::Value;
 
+use crate::model_config;
+
 /// How a conversion of a base is offered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Offer {
@@ -180,28 +182,17 @@ impl Base {
     }
 
     fn matches(&self, config: &Value) -> bool {
-        let text = text_config(config);
-        let types = [config, text]
-            .iter()
-            .filter_map(|c| c.get("model_type").and_then(Value::as_str))
-            .collect::<Vec<_>>();
-        let layers = text.get("num_hidden_layers").and_then(Value::as_u64);
-        types.iter().any(|t| self.shape.model_types.contains(t))
-            && layers == Some(self.shape.num_hidden_layers as u64)
+        let layers = model_config::text(config)
+            .get("num_hidden_layers")
+            .and_then(Value::as_u64);
+        self.family(config) && layers == Some(self.shape.num_hidden_layers as u64)
     }
 
     fn family(&self, config: &Value) -> bool {
-        [config, text_config(config)]
+        model_config::model_types(config)
             .iter()
-            .filter_map(|c| c.get("model_type").and_then(Value::as_str))
-            .any(|t| self.shape.model_types.contains(&t))
+            .any(|t| self.shape.model_types.contains(t))
     }
-}
-
-/// The text model's part of a config.json (multimodal conversions nest it
-/// under `text_config`).
-fn text_config(config: &Value) -> &Value {
-    config.get("text_config").unwrap_or(config)
 }
 
 /// Bits of an MLX conversion's weights (`quantization.bits`); `None` for
@@ -349,11 +340,10 @@ pub fn choose(
         None => match BASES.iter().find(|b| b.matches(config)) {
             Some(base) => base,
             None if BASES.iter().any(|b| b.family(config)) => {
-                let text = text_config(config);
                 return Err(BaseError::Unknown {
                     what: format!("`{model}`"),
                     model_type: model_type(config),
-                    layers: text
+                    layers: model_config::text(config)
                         .get("num_hidden_layers")
                         .map_or("an unknown number of".into(), |v| v.to_string()),
                 });
@@ -373,10 +363,11 @@ fn hint(base: &Base) -> String {
     }
 }
 
+/// The language model's `model_type` (the nested one first).
 fn model_type(config: &Value) -> String {
-    [text_config(config), config]
-        .iter()
-        .find_map(|c| c.get("model_type").and_then(Value::as_str))
+    model_config::model_types(config)
+        .last()
+        .copied()
         .unwrap_or("unknown")
         .to_string()
 }

@@ -21,6 +21,7 @@
 //! - [`settings`]: every limit and default, in one place.
 //! - [`bases`]: the production bases: their conversions, tokenizers,
 //!   settings and refusals, as data.
+//! - [`model_config`]: the one reader of a conversion's `config.json`.
 
 pub mod base64;
 pub mod bases;
@@ -29,6 +30,7 @@ pub mod convert;
 pub mod engine;
 pub mod hub;
 pub mod metrics;
+pub mod model_config;
 pub mod progress;
 pub mod prompt;
 pub mod register;

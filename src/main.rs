@@ -14,6 +14,7 @@ use decisio::engine::vllm::{MethodChoice, VllmEngine, VllmOptions};
 use decisio::engine::{Engine, EngineStatus, MultiQuestion, PadPolicy};
 use decisio::hub::{self, Wanted};
 use decisio::metrics::Metrics;
+use decisio::model_config;
 use decisio::prompt::{ChatTemplate, TextTokenizer};
 use decisio::route::{RouteConfig, TextRoute};
 use decisio::server::{self, AppState};
@@ -383,10 +384,7 @@ fn stop_token_ids(model: &Path, tokenizer: &TextTokenizer, template: &ChatTempla
 /// Reads a conversion's config.json (an empty object when it has none,
 /// which the engine then reports).
 fn read_config(dir: &Path) -> serde_json::Value {
-    std::fs::read_to_string(dir.join("config.json"))
-        .ok()
-        .and_then(|t| serde_json::from_str(&t).ok())
-        .unwrap_or_else(|| serde_json::json!({}))
+    model_config::read(dir).unwrap_or_else(|_| serde_json::json!({}))
 }
 
 /// The base, the conversion folder and the tokenizer folder of a `serve`.
@@ -503,11 +501,8 @@ fn serve(args: ServeArgs) -> Result<()> {
         )?),
         Backend::Vllm => {
             let u = &args.upstream;
-            let config: serde_json::Value = std::fs::read_to_string(model_dir.join("config.json"))
-                .ok()
-                .and_then(|t| serde_json::from_str(&t).ok())
-                .unwrap_or_default();
-            let get = |k: &str| config.get(k).and_then(|v| v.as_u64()).map(|v| v as usize);
+            let config = read_config(&model_dir);
+            let get = |k: &str| model_config::get_usize(&config, k);
             let letter_ids = TextRoute::letter_ids(&tokenizer).map_err(anyhow::Error::msg)?;
             Arc::new(
                 VllmEngine::start(VllmOptions {

@@ -8,6 +8,18 @@
 //! `/v1/models` card names the base, every sampled question asked again
 //! through `POST /v1/decide` or the chat completions gives the recorded
 //! bits, and the two records gate bit for bit (`decisio gate --bitwise`).
+//!
+//! The route-feature matrix: for each base, one server on its tiny
+//! conversion with the base's settings answers every route feature: a
+//! choice decision (an option letter; probabilities over the options that
+//! sum to 1, the softmax of the letters' log-probabilities), a chat
+//! completion rendered with the base's chat template (its usage counts the
+//! template's tokens), a completion with `logprobs` (per generated token
+//! its text, log-probability, alternatives and offset; greedy picks the
+//! most likely), embeddings (one per input, of the model's hidden size,
+//! finite) and an intent task of 3 labels registered, polled until ready
+//! and asked (one of the labels; probabilities over the labels that sum to
+//! 1; a head as wide as the hidden state). No base refuses any of them.
 
 mod common;
 
@@ -297,4 +309,405 @@ fn gemma_4_31b_refuses_warm_and_warns_on_long_states() {
         "{warning}"
     );
     println!("{tokens} tokens: {warning}");
+}
+
+/// The hidden size of a tiny conversion (`text_config.hidden_size`, or the
+/// top level's).
+fn hidden_size(model: &str) -> u64 {
+    let config: Value =
+        serde_json::from_str(&std::fs::read_to_string(tiny(model).join("config.json")).unwrap())
+            .unwrap();
+    config
+        .get("text_config")
+        .unwrap_or(&config)
+        .get("hidden_size")
+        .and_then(Value::as_u64)
+        .expect("config.json names the hidden size")
+}
+
+fn finite(v: &Value) -> f64 {
+    let x = v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"));
+    assert!(x.is_finite(), "{x}");
+    x
+}
+
+/// The token count of a prompt or of chat messages, as `/tokenize` counts it.
+fn token_count(s: &Server, body: &Value) -> u64 {
+    let r = s.post_json("/tokenize", body);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let t = r.json();
+    let n = t["count"].as_u64().unwrap();
+    assert_eq!(n as usize, t["tokens"].as_array().unwrap().len());
+    n
+}
+
+/// The answer is the top option of a 2-to-26-option question: its letter,
+/// index and option agree, the probabilities are the softmax of the
+/// letters' log-probabilities at the answer's temperature and sum to 1.
+fn check_choice(base: &str, answer: &Value, options: &[&str]) {
+    let letters: Vec<String> = (0..options.len())
+        .map(|i| char::from(b'A' + i as u8).to_string())
+        .collect();
+    let p = answer["probabilities"].as_object().unwrap();
+    let lp = answer["letter_logprobs"].as_object().unwrap();
+    assert_eq!(
+        p.keys().collect::<Vec<_>>(),
+        letters.iter().collect::<Vec<_>>()
+    );
+    assert_eq!(
+        lp.keys().collect::<Vec<_>>(),
+        letters.iter().collect::<Vec<_>>()
+    );
+    let probs: Vec<f64> = letters.iter().map(|l| finite(&p[l])).collect();
+    let sum: f64 = probs.iter().sum();
+    assert!(
+        (sum - 1.0).abs() < 1e-4,
+        "{base}: probabilities sum to {sum}"
+    );
+    assert!(probs.iter().all(|&x| (0.0..=1.0).contains(&x)), "{answer}");
+    let t = finite(&answer["temperature"]);
+    let z: Vec<f64> = letters.iter().map(|l| finite(&lp[l]) / t).collect();
+    assert!(z.iter().all(|&x| x <= 0.0), "{answer}");
+    let m = z.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let e: Vec<f64> = z.iter().map(|x| (x - m).exp()).collect();
+    let total: f64 = e.iter().sum();
+    for (i, (q, x)) in probs.iter().zip(&e).enumerate() {
+        assert!(
+            (q - x / total).abs() < 1e-4,
+            "{base}: option {i}: {q} is not the softmax of the letters' log-probabilities ({})",
+            x / total
+        );
+    }
+    assert_eq!(answer["abstained"], false, "{answer}");
+    let letter = answer["letter"].as_str().expect("a letter");
+    let i = letters
+        .iter()
+        .position(|l| l == letter)
+        .unwrap_or_else(|| panic!("{base}: {letter} is none of the option letters"));
+    assert_eq!(answer["index"], i, "{answer}");
+    assert_eq!(answer["option"], options[i], "{answer}");
+    let top = probs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    assert_eq!(
+        probs[i], top,
+        "{base}: {letter} is not the top option: {answer}"
+    );
+}
+
+/// Polls a task until it leaves `queued` and `running`; fails when it
+/// stops moving (neither its status nor its progress changes) for a
+/// minute.
+fn task_settled(s: &Server, id: &str) -> Value {
+    let stall = std::time::Duration::from_secs(60);
+    let mut moved = std::time::Instant::now();
+    let mut last = (Value::Null, Value::Null);
+    loop {
+        let r = s
+            .request("GET", &format!("/v1/tasks/{id}"), &[], None)
+            .unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+        let t = r.json();
+        if t["status"] != "queued" && t["status"] != "running" {
+            return t;
+        }
+        let now = (t["status"].clone(), t["progress"]["done"].clone());
+        if now != last {
+            last = now;
+            moved = std::time::Instant::now();
+        }
+        assert!(
+            moved.elapsed() < stall,
+            "the task did not move for {stall:?}: {t}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+/// One server of the base on its tiny conversion, with the base's settings,
+/// through every route feature: a choice decision, a chat completion with
+/// the base's chat template, a completion with log-probabilities,
+/// embeddings of the model's width, and an intent task registered and
+/// asked (last: its registration is the longest step).
+fn route_features(base: &str, model: &str, tokenizer: &str) {
+    let started = std::time::Instant::now();
+    let s = serve(base, model, tokenizer, &[]);
+    let card = s.request("GET", "/v1/models", &[], None).unwrap().json();
+    let card = &card["data"][0];
+    assert_eq!(card["decisio"]["base"], base, "{card}");
+    let name = card["id"].as_str().unwrap().to_string();
+    let hidden = hidden_size(model);
+
+    // 1. A choice decision: two questions on one state.
+    let questions: [(&str, &[&str]); 2] = [
+        ("How many cats does Ada keep?", &["one", "two", "three"]),
+        ("What is the dog called?", &["Tom", "Rex"]),
+    ];
+    let d = decide(
+        &s,
+        &json!({
+            "model": name,
+            "state": "Ada keeps three cats and one dog. The dog is called Rex.",
+            "questions": questions
+                .iter()
+                .map(|(text, options)| json!({"text": text, "options": options}))
+                .collect::<Vec<_>>()
+        }),
+    );
+    assert_eq!(d["object"], "decision", "{d}");
+    assert_eq!(d["model"], name.as_str());
+    let answers = d["answers"].as_array().unwrap();
+    assert_eq!(answers.len(), 2, "{d}");
+    for (answer, (_, options)) in answers.iter().zip(&questions) {
+        check_choice(base, answer, options);
+    }
+    let state_tokens = d["state"]["tokens"].as_u64().unwrap();
+    let u = &d["usage"];
+    assert!(
+        state_tokens > 0 && u["prompt_tokens"].as_u64().unwrap() > state_tokens,
+        "{d}"
+    );
+    assert_eq!(u["completion_tokens"], 0);
+    assert_eq!(u["total_tokens"], u["prompt_tokens"]);
+
+    // 2. A chat completion of a few tokens, its prompt the base's chat
+    // template's rendering of the messages.
+    let messages = json!([
+        {"role": "system", "content": "You answer in one word."},
+        {"role": "user", "content": "What colour is the sky?"}
+    ]);
+    let prompt = token_count(&s, &json!({"messages": messages}));
+    let ids = s
+        .post_json("/tokenize", &json!({"messages": messages}))
+        .json()["tokens"]
+        .clone();
+    let rendered = s.post_json("/detokenize", &json!({"tokens": ids})).json()["prompt"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let generation_prompt = if tokenizer.contains("qwen") {
+        "<|im_start|>assistant\n"
+    } else {
+        "<start_of_turn>model\n"
+    };
+    assert!(
+        rendered.contains("What colour is the sky?") && rendered.contains(generation_prompt),
+        "{base}: not its chat template: {rendered:?}"
+    );
+    let r = s.post_json(
+        "/v1/chat/completions",
+        &json!({"model": name, "messages": messages, "max_tokens": 4, "temperature": 0}),
+    );
+    assert_eq!(r.status, 200, "{base}: {}", r.text());
+    let c = r.json();
+    assert_eq!(c["object"], "chat.completion", "{c}");
+    assert!(c["id"].as_str().unwrap().starts_with("chatcmpl-"), "{c}");
+    assert_eq!(c["model"], name.as_str());
+    let choices = c["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 1, "{c}");
+    let choice = &choices[0];
+    assert_eq!(choice["index"], 0);
+    assert_eq!(choice["message"]["role"], "assistant");
+    assert!(choice["message"]["content"].is_string(), "{c}");
+    let u = &c["usage"];
+    assert_eq!(u["prompt_tokens"], prompt, "{base}: {c}");
+    let completion = u["completion_tokens"].as_u64().unwrap();
+    assert!((1..=4).contains(&completion), "{c}");
+    assert_eq!(u["total_tokens"], prompt + completion);
+    match choice["finish_reason"].as_str() {
+        Some("length") => assert_eq!(completion, 4, "{c}"),
+        Some("stop") => {}
+        other => panic!("{base}: finish_reason {other:?}"),
+    }
+
+    // 3. A completion of 4 tokens with the 3 most likely alternatives at
+    // each, greedy: each token is its position's most likely one.
+    let text = "The capital of France is";
+    let prompt = token_count(&s, &json!({"prompt": text}));
+    let r = s.post_json(
+        "/v1/completions",
+        &json!({"model": name, "prompt": text, "max_tokens": 4, "temperature": 0,
+                "logprobs": 3, "ignore_eos": true}),
+    );
+    assert_eq!(r.status, 200, "{base}: {}", r.text());
+    let c = r.json();
+    assert_eq!(c["object"], "text_completion", "{c}");
+    let choice = &c["choices"][0];
+    assert_eq!(choice["finish_reason"], "length", "{c}");
+    let u = &c["usage"];
+    assert_eq!(u["prompt_tokens"], prompt, "{c}");
+    assert_eq!(u["completion_tokens"], 4, "{c}");
+    assert_eq!(u["total_tokens"], prompt + 4);
+    let lp = &choice["logprobs"];
+    let tokens = lp["tokens"].as_array().unwrap();
+    let token_logprobs = lp["token_logprobs"].as_array().unwrap();
+    let top = lp["top_logprobs"].as_array().unwrap();
+    let offsets = lp["text_offset"].as_array().unwrap();
+    for list in [token_logprobs, top, offsets] {
+        assert_eq!(list.len(), 4, "{base}: {lp}");
+    }
+    assert_eq!(tokens.len(), 4, "{base}: {lp}");
+    let text_len = choice["text"].as_str().unwrap().len() as u64;
+    let mut at = 0;
+    for i in 0..4 {
+        assert!(tokens[i].is_string(), "{lp}");
+        let chosen = finite(&token_logprobs[i]);
+        assert!(chosen <= 0.0, "{lp}");
+        let alternatives = top[i].as_object().unwrap();
+        assert!((1..=3).contains(&alternatives.len()), "{base}: {lp}");
+        let best = alternatives
+            .values()
+            .map(finite)
+            .inspect(|&x| assert!(x <= 0.0, "{lp}"))
+            .fold(f64::NEG_INFINITY, f64::max);
+        assert!(
+            (chosen - best).abs() < 1e-5,
+            "{base}: token {i} ({chosen}) is not the most likely ({best}): {lp}"
+        );
+        let offset = offsets[i].as_u64().unwrap();
+        assert!(offset >= at && offset <= text_len, "{base}: {lp}");
+        at = offset;
+    }
+    assert_eq!(offsets[0], 0, "{lp}");
+
+    // 4. Embeddings: one hidden state per input, of the model's width.
+    let inputs = [
+        "The dog is called Rex.",
+        "Which planet is closest to the sun?",
+    ];
+    let prompt: u64 = inputs
+        .iter()
+        .map(|t| token_count(&s, &json!({"prompt": t})))
+        .sum();
+    let r = s.post_json("/v1/embeddings", &json!({"model": name, "input": inputs}));
+    assert_eq!(r.status, 200, "{base}: {}", r.text());
+    let e = r.json();
+    assert_eq!(e["object"], "list", "{e}");
+    assert_eq!(e["model"], name.as_str());
+    assert_eq!(e["usage"]["prompt_tokens"], prompt, "{e}");
+    assert_eq!(e["usage"]["total_tokens"], prompt, "{e}");
+    let data = e["data"].as_array().unwrap();
+    assert_eq!(data.len(), 2);
+    let vectors: Vec<Vec<f64>> = data
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            assert_eq!(d["object"], "embedding");
+            assert_eq!(d["index"], i);
+            d["embedding"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(finite)
+                .collect()
+        })
+        .collect();
+    for v in &vectors {
+        assert_eq!(v.len() as u64, hidden, "{base}: not the hidden size");
+        assert!(v.iter().any(|&x| x != 0.0), "{base}: a zero vector");
+    }
+    assert_ne!(vectors[0], vectors[1], "{base}: two inputs, one vector");
+
+    // 5. An intent task: 3 labels, 3 examples each (one held out, one for
+    // the head, one for its temperature), asked on a new state.
+    let labels = ["card_arrival", "exchange_rate", "lost_or_stolen_card"];
+    let examples = [
+        ("My card still hasn't arrived.", 0),
+        ("How long does a new card take to come?", 0),
+        ("I ordered a card last month; where is it?", 0),
+        ("Which rate do you use to convert euros?", 1),
+        ("Is the exchange rate today any good?", 1),
+        ("What rate will I get for dollars?", 1),
+        ("Someone stole my wallet with my card in it.", 2),
+        ("I lost my card on the train.", 2),
+        ("Please block my card, it is missing.", 2),
+    ];
+    let r = s.post_json(
+        "/v1/tasks",
+        &json!({
+            "name": "banking", "kind": "intent",
+            "question": "What does the customer want?",
+            "labels": labels,
+            "examples": examples
+                .iter()
+                .map(|(state, l)| json!({"state": state, "label": labels[*l]}))
+                .collect::<Vec<_>>(),
+            "holdout": 0.34, "seed": 0
+        }),
+    );
+    assert_eq!(
+        r.status,
+        202,
+        "{base}: the intent task was not registered: {}",
+        r.text()
+    );
+    let id = r.json()["id"].as_str().unwrap().to_string();
+    let t = task_settled(&s, &id);
+    assert_eq!(t["status"], "ready", "{base}: {t}");
+    assert_eq!(t["labels"], json!(labels));
+    let result = &t["result"];
+    assert_eq!(result["fit_examples"], 6, "{result}");
+    assert_eq!(result["holdout_examples"], 3, "{result}");
+    assert_eq!(
+        result["head"]["dim"], hidden,
+        "{base}: the head reads the hidden state"
+    );
+    assert!(finite(&result["temperature"]) > 0.0, "{result}");
+    let accuracy = finite(&result["after"]["accuracy"]);
+    assert!((0.0..=1.0).contains(&accuracy), "{result}");
+    let d = decide(
+        &s,
+        &json!({"state": "My new card has not come in the post.",
+                "questions": [{"task": "banking"}]}),
+    );
+    let a = &d["answers"][0];
+    assert!(a["letter"].is_null(), "{a}");
+    assert!(a["letter_logprobs"].as_object().unwrap().is_empty(), "{a}");
+    let p = a["probabilities"].as_object().unwrap();
+    assert_eq!(
+        p.keys().collect::<Vec<_>>(),
+        labels.iter().collect::<Vec<_>>()
+    );
+    let probs: Vec<f64> = labels.iter().map(|l| finite(&p[*l])).collect();
+    let sum: f64 = probs.iter().sum();
+    assert!(
+        (sum - 1.0).abs() < 1e-4,
+        "{base}: label probabilities sum to {sum}"
+    );
+    assert_eq!(a["abstained"], false, "{a}");
+    let label = a["label"].as_str().expect("a label");
+    let i = labels
+        .iter()
+        .position(|l| *l == label)
+        .unwrap_or_else(|| panic!("{base}: {label} is none of the labels"));
+    assert_eq!(a["option"], label);
+    assert_eq!(a["index"], i);
+    assert_eq!(
+        probs[i],
+        probs.iter().copied().fold(f64::NEG_INFINITY, f64::max)
+    );
+
+    println!(
+        "{base} on {model}: decision {}, intent `{label}`, chat and completion of 4 tokens, \
+         embeddings of {hidden} in {:.1} s",
+        answers
+            .iter()
+            .map(|a| a["letter"].as_str().unwrap())
+            .collect::<Vec<_>>()
+            .join(","),
+        started.elapsed().as_secs_f64()
+    );
+}
+
+#[test]
+fn qwen3_6_35b_a3b_serves_every_route_feature() {
+    route_features("qwen3.6-35b-a3b", "qwen3_5_moe-6bit", "tokenizer-qwen3");
+}
+
+#[test]
+fn gemma_4_12b_serves_every_route_feature() {
+    route_features("gemma-4-12b", "gemma4_12b-6bit", "tokenizer-gemma3");
+}
+
+#[test]
+fn gemma_4_31b_serves_every_route_feature() {
+    route_features("gemma-4-31b", "gemma4_31b-6bit", "tokenizer-gemma3");
 }

@@ -39,17 +39,20 @@
 
 use std::collections::HashMap;
 
-use mlx_rs::fast::{self, ScaledDotProductAttentionMask};
-use mlx_rs::{ops, Array};
+use mlx_rs::{fast, ops, Array};
 use serde::Deserialize;
 use serde_json::Value;
 
 use super::cache::{KvCache, LayerCache, ModelCache, WindowCache};
-use super::layers::{Embedding, Linear, RmsNorm};
+use super::layers::{
+    attention, gelu_approx, last_position, scalar, Activation, Embedding, GatedMlp, HostKernels,
+    Linear, RmsNorm, Rope,
+};
 use super::loader::Weights;
 use super::switch::SwitchGlu;
 use super::{Architecture, LastHidden};
 use super::{MlxError, MlxResult};
+use crate::model_config;
 
 fn d_head_dim() -> i32 {
     256
@@ -163,23 +166,12 @@ impl Config {
             config.get("model_type").and_then(Value::as_str),
             Some("gemma4" | "gemma4_unified")
         );
-        let mut text = if wrapped {
-            config.get("text_config").cloned().ok_or_else(|| {
-                MlxError::Config(
-                    "a gemma4 config.json needs a text_config (the language model's settings)"
-                        .into(),
-                )
-            })?
-        } else {
-            config.clone()
-        };
-        if wrapped {
-            // The wrapper's vocabulary size is the language model's.
-            if let (Some(v), Some(t)) = (config.get("vocab_size"), text.as_object_mut()) {
-                t.insert("vocab_size".into(), v.clone());
-            }
+        if wrapped && !model_config::is_nested(config) {
+            return Err(MlxError::Config(
+                "a gemma4 config.json needs a text_config (the language model's settings)".into(),
+            ));
         }
-        let c: Config = serde_json::from_value(text).map_err(|e| {
+        let c: Config = serde_json::from_value(model_config::text(config)).map_err(|e| {
             MlxError::Config(format!(
                 "config.json is not a Gemma 4 text config ({e}); check that --model is a \
                  gemma4 or gemma4_text MLX conversion"
@@ -352,86 +344,55 @@ impl Config {
     }
 }
 
-/// A scalar in the dtype of `like`, as a Python float meets an MLX array.
-fn scalar(v: f32, like: &Array) -> MlxResult<Array> {
-    Ok(Array::from_f32(v).as_dtype(like.dtype())?)
-}
-
 /// `x * v` for a scalar `v`, in `x`'s dtype.
 fn scale(x: &Array, v: f32) -> MlxResult<Array> {
     Ok(ops::multiply(x, &scalar(v, x)?)?)
 }
 
-/// The tanh approximation of GELU, in the order and dtype of MLX's
-/// `nn.gelu_approx`: `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`.
-fn gelu_approx(x: &Array) -> MlxResult<Array> {
-    let cube = ops::power(x, &scalar(3.0, x)?)?;
-    let inner = ops::add(x, &ops::multiply(&scalar(0.044715, x)?, &cube)?)?;
-    let c = (2.0f32 / std::f32::consts::PI).sqrt();
-    let t = ops::tanh(&ops::multiply(&scalar(c, x)?, &inner)?)?;
-    let half_x = ops::multiply(&scalar(0.5, x)?, x)?;
-    Ok(ops::multiply(&half_x, &ops::add(&scalar(1.0, x)?, &t)?)?)
-}
-
-/// A layer's rotary embedding.
-enum Rope {
-    /// `fast::rope` over the whole head with a base and a position scale.
-    Standard { dims: i32, base: f32, scale: f32 },
-    /// The proportional rope: the first `partial_rotary_factor` of the head
-    /// rotates at frequencies `factor * base^(2i/dims)`, the rest not at all
-    /// (infinite periods).
-    Proportional { dims: i32, freqs: Array },
-}
-
-impl Rope {
-    fn new(c: &Config, t: LayerType) -> MlxResult<Self> {
-        let p = c.rope_of(t);
-        let dims = c.head_dim_of(t);
-        let base = p.rope_theta.unwrap_or(10_000.0);
-        match c.rope_kind(t)?.as_str() {
-            "proportional" => {
-                let rotated = (dims as f32 * p.partial_rotary_factor.unwrap_or(1.0)) as i32;
-                if rotated > dims || rotated < 0 {
-                    return Err(MlxError::Config(format!(
-                        "Gemma 4 config.json: partial_rotary_factor of {} layers rotates \
+/// A layer kind's rotary embedding. The proportional rope turns the first
+/// `partial_rotary_factor` of the head at frequencies
+/// `factor * base^(2i/dims)`, the rest not at all (infinite periods).
+fn rope(c: &Config, t: LayerType) -> MlxResult<Rope> {
+    let p = c.rope_of(t);
+    let dims = c.head_dim_of(t);
+    let base = p.rope_theta.unwrap_or(10_000.0);
+    match c.rope_kind(t)?.as_str() {
+        "proportional" => {
+            let rotated = (dims as f32 * p.partial_rotary_factor.unwrap_or(1.0)) as i32;
+            if rotated > dims || rotated < 0 {
+                return Err(MlxError::Config(format!(
+                    "Gemma 4 config.json: partial_rotary_factor of {} layers rotates \
                          {rotated} of {dims} dimensions",
-                        t.key()
-                    )));
-                }
-                let exponents = ops::divide(
-                    &ops::arange::<_, f32>(0, rotated, 2)?,
-                    Array::from_f32(dims as f32),
-                )?;
-                let powers = ops::power(Array::from_f32(base), &exponents)?;
-                let rotating = ops::multiply(Array::from_f32(p.factor.unwrap_or(1.0)), &powers)?;
-                let still =
-                    ops::full::<f32>(&[(dims - rotated) / 2], &Array::from_f32(f32::INFINITY))?;
-                let freqs = ops::concatenate(&[&rotating, &still], 0)?;
-                freqs.eval()?;
-                Ok(Rope::Proportional { dims, freqs })
+                    t.key()
+                )));
             }
-            "linear" => Ok(Rope::Standard {
+            let exponents = ops::divide(
+                &ops::arange::<_, f32>(0, rotated, 2)?,
+                Array::from_f32(dims as f32),
+            )?;
+            let powers = ops::power(Array::from_f32(base), &exponents)?;
+            let rotating = ops::multiply(Array::from_f32(p.factor.unwrap_or(1.0)), &powers)?;
+            let still = ops::full::<f32>(&[(dims - rotated) / 2], &Array::from_f32(f32::INFINITY))?;
+            let freqs = ops::concatenate(&[&rotating, &still], 0)?;
+            freqs.eval()?;
+            Ok(Rope::Freqs {
                 dims,
-                base,
-                scale: 1.0 / p.factor.unwrap_or(1.0),
-            }),
-            _ => Ok(Rope::Standard {
-                dims,
-                base,
-                scale: 1.0,
-            }),
+                traditional: c.rope_traditional,
+                freqs,
+            })
         }
-    }
-
-    fn apply(&self, x: &Array, offset: usize, traditional: bool) -> MlxResult<Array> {
-        Ok(match self {
-            Rope::Standard { dims, base, scale } => {
-                fast::rope(x, *dims, traditional, *base, *scale, offset as i32, None)?
-            }
-            Rope::Proportional { dims, freqs } => {
-                fast::rope(x, *dims, traditional, None, 1.0, offset as i32, freqs)?
-            }
-        })
+        "linear" => Ok(Rope::Standard {
+            dims,
+            traditional: c.rope_traditional,
+            base,
+            scale: 1.0 / p.factor.unwrap_or(1.0),
+        }),
+        _ => Ok(Rope::Standard {
+            dims,
+            traditional: c.rope_traditional,
+            base,
+            scale: 1.0,
+        }),
     }
 }
 
@@ -462,7 +423,7 @@ struct Attention {
     head_dim: i32,
     eps: f32,
     rope: Rope,
-    rope_traditional: bool,
+    host: HostKernels,
     window: usize,
 }
 
@@ -504,8 +465,8 @@ impl Attention {
             },
             head_dim,
             eps: c.rms_norm_eps,
-            rope: Rope::new(c, kind)?,
-            rope_traditional: c.rope_traditional,
+            rope: rope(c, kind)?,
+            host: HostKernels::of(w),
             window: c.sliding_window,
         })
     }
@@ -525,7 +486,7 @@ impl Attention {
             &[b, l, self.n_heads, self.head_dim],
         )?;
         let q = self.q_norm.forward(&q)?.transpose_axes(&[0, 2, 1, 3])?;
-        let q = self.rope.apply(&q, offset, self.rope_traditional)?;
+        let q = self.rope.forward(&q, offset)?;
         let (k, v) = match source {
             KvSource::Shared(kv) => kv.clone(),
             KvSource::Own(cache) => {
@@ -539,7 +500,7 @@ impl Attention {
                     None => k.clone(),
                 };
                 let k = p.k_norm.forward(&k)?.transpose_axes(&[0, 2, 1, 3])?;
-                let k = self.rope.apply(&k, offset, self.rope_traditional)?;
+                let k = self.rope.forward(&k, offset)?;
                 let v = fast::rms_norm(&v, None, self.eps)?.transpose_axes(&[0, 2, 1, 3])?;
                 match self.kind {
                     LayerType::Full => cache.kv()?.update_and_fetch(k, v)?,
@@ -548,81 +509,9 @@ impl Attention {
             }
         };
         let window = (self.kind == LayerType::Sliding).then_some(self.window);
-        let out = attend(&q, &k, &v, window)?;
+        let out = attention(&q, &k, &v, 1.0, window, self.host)?;
         let out = ops::reshape(&out.transpose_axes(&[0, 2, 1, 3])?, &[b, l, -1])?;
         Ok((self.o_proj.forward(&out)?, (k, v)))
-    }
-}
-
-/// Unscaled attention of queries `q` (`[B, H, L, D]`, the last `L` of the
-/// `T` positions of `k`/`v`), each query seeing the keys up to its own
-/// position and, with `window`, only the last `window` of those.
-///
-/// The softmax is MLX's own on every device, also where
-/// [`super::LoadOptions::host_kernels`] is set: the host kernel's softmax
-/// differs from MLX's in the last bits, which bf16 probabilities turn into
-/// whole units in the last place, and on the tiny Gemma 4 models that moved
-/// the logits by up to 3e-3 against mlx-lm's (tests/arch_gemma4.rs).
-fn attend(q: &Array, k: &Array, v: &Array, window: Option<usize>) -> MlxResult<Array> {
-    let (l, t) = (q.shape()[2] as usize, k.shape()[2] as usize);
-    if l == 1 {
-        // A sliding layer's cache returns no more than its window.
-        return Ok(fast::scaled_dot_product_attention(
-            q, k, v, 1.0, None, None,
-        )?);
-    }
-    match window.filter(|&w| t > w) {
-        Some(w) => {
-            // Query i is at key position t - l + i.
-            let rows = ops::add(
-                &ops::arange::<_, i32>(0, l as i32, 1)?,
-                Array::from_int((t - l) as i32),
-            )?;
-            let rows = ops::expand_dims(&rows, 1)?;
-            let cols = ops::expand_dims(&ops::arange::<_, i32>(0, t as i32, 1)?, 0)?;
-            let causal = ops::ge(&rows, &cols)?;
-            let near = ops::lt(&rows, &ops::add(&cols, Array::from_int(w as i32))?)?;
-            let mask = ops::logical_and(&causal, &near)?;
-            Ok(fast::scaled_dot_product_attention(
-                q,
-                k,
-                v,
-                1.0,
-                ScaledDotProductAttentionMask::Array(&mask),
-                None,
-            )?)
-        }
-        None => Ok(fast::scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            1.0,
-            ScaledDotProductAttentionMask::Causal,
-            None,
-        )?),
-    }
-}
-
-/// The GELU-gated MLP.
-struct Mlp {
-    gate_proj: Linear,
-    up_proj: Linear,
-    down_proj: Linear,
-}
-
-impl Mlp {
-    fn load(w: &Weights, p: &str) -> MlxResult<Self> {
-        Ok(Mlp {
-            gate_proj: Linear::load(w, &format!("{p}.gate_proj"))?,
-            up_proj: Linear::load(w, &format!("{p}.up_proj"))?,
-            down_proj: Linear::load(w, &format!("{p}.down_proj"))?,
-        })
-    }
-
-    fn forward(&self, x: &Array) -> MlxResult<Array> {
-        let gate = gelu_approx(&self.gate_proj.forward(x)?)?;
-        let h = ops::multiply(&gate, &self.up_proj.forward(x)?)?;
-        self.down_proj.forward(&h)
     }
 }
 
@@ -656,7 +545,11 @@ impl MoeBranch {
             router_proj: Linear::load(w, &format!("{p}.router.proj"))?,
             router_scale: w.take(&format!("{p}.router.scale"))?,
             per_expert_scale: w.take(&format!("{p}.router.per_expert_scale"))?,
-            experts: SwitchGlu::load(w, &format!("{p}.experts.switch_glu"), geglu)?,
+            experts: SwitchGlu::load(
+                w,
+                &format!("{p}.experts.switch_glu"),
+                Activation::GeluApprox,
+            )?,
             top_k: c.top_k_experts.unwrap_or(1),
             eps: c.rms_norm_eps,
             pre_feedforward_layernorm_2: norm("pre_feedforward_layernorm_2")?,
@@ -703,14 +596,9 @@ impl MoeBranch {
     }
 }
 
-/// `gelu_approx(gate) * up`, the experts' activation.
-fn geglu(gate: &Array, up: &Array, _host_kernels: bool) -> MlxResult<Array> {
-    Ok(ops::multiply(&gelu_approx(gate)?, up)?)
-}
-
 struct DecoderLayer {
     self_attn: Attention,
-    mlp: Mlp,
+    mlp: GatedMlp,
     moe: Option<MoeBranch>,
     input_layernorm: RmsNorm,
     post_attention_layernorm: RmsNorm,
@@ -734,7 +622,7 @@ impl DecoderLayer {
         };
         Ok(DecoderLayer {
             self_attn: Attention::load(w, &format!("{p}.self_attn"), c, kind, has_kv)?,
-            mlp: Mlp::load(w, &format!("{p}.mlp"))?,
+            mlp: GatedMlp::load(w, &format!("{p}.mlp"), Activation::GeluApprox)?,
             moe: if c.enable_moe_block {
                 Some(MoeBranch::load(w, p, c)?)
             } else {
@@ -952,16 +840,6 @@ impl Model {
     }
 }
 
-/// The last position of `x` (`[B, L, D]` → `[B, 1, D]`).
-fn last_position(x: &Array) -> MlxResult<Array> {
-    let l = x.shape()[1];
-    Ok(ops::indexing::take_axis(
-        x,
-        Array::from_slice(&[l - 1], &[1]),
-        1,
-    )?)
-}
-
 impl Architecture for Model {
     fn new_cache(&self) -> ModelCache {
         let own = self.config.layers_with_kv();
@@ -1112,9 +990,9 @@ mod tests {
     #[test]
     fn the_proportional_rope_leaves_the_unrotated_part_alone() {
         let c = Config::from_config(&text(serde_json::json!({"global_head_dim": 16}))).unwrap();
-        let rope = Rope::new(&c, LayerType::Full).unwrap();
+        let rope = rope(&c, LayerType::Full).unwrap();
         let x = ops::ones::<f32>(&[1, 1, 3, 16]).unwrap();
-        let y = rope.apply(&x, 5, false).unwrap();
+        let y = rope.forward(&x, 5).unwrap();
         y.eval().unwrap();
         let y = y.as_slice::<f32>();
         // A quarter of 16 dimensions rotate: pairs (0, 8) and (1, 9) with the

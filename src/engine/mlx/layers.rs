@@ -1,11 +1,204 @@
 //! The building blocks every architecture shares: linear layers (dense or
 //! MLX-affine-quantized), embeddings that double as the output projection,
-//! RMS norms. Each is built from a [`Weights`] view by its checkpoint name.
+//! RMS norms, rotary embeddings, causal (and sliding-window) attention, the
+//! gated MLP, and the one rule for when decisio's host kernels stand in for
+//! MLX's ops. Each layer is built from a [`Weights`] view by its checkpoint
+//! name.
 
-use mlx_rs::{fast, ops, Array};
+use mlx_rs::fast::{self, ScaledDotProductAttentionMask};
+use mlx_rs::{nn, ops, Array, Dtype};
 
+use super::host;
 use super::loader::{Quant, Weights};
 use super::MlxResult;
+
+/// When the host kernels ([`host`], [`super::delta::host`]) replace MLX's
+/// ops, the one rule for every architecture: where
+/// [`super::LoadOptions::host_kernels`] is on, and the kernel computes what
+/// the ops it replaces compute.
+///
+/// - The softmax of attention and the SiLU gate ([`HostKernels::apply`]):
+///   only on float32 activations. The kernel rounds once, at the end; MLX
+///   rounds after each op, and in bfloat16 that difference moves the logits
+///   by a few 1e-3 through the layers (the tiny Qwen3.5 and Gemma 4
+///   conversions against mlx-lm), so bfloat16 keeps MLX's ops.
+/// - The gated delta rule ([`HostKernels::recurrence`]): on any input, as
+///   both it and MLX's ops (and mlx-lm's Metal kernel) keep the state and
+///   compute in float32.
+///
+/// No host kernel exists for GELU or for sliding-window attention: those
+/// are MLX's on every device.
+#[derive(Clone, Copy, Debug)]
+pub struct HostKernels(bool);
+
+impl HostKernels {
+    pub fn of(w: &Weights) -> Self {
+        HostKernels(w.options.host_kernels)
+    }
+
+    /// Whether an elementwise host kernel computes on activations like `x`.
+    pub fn apply(self, x: &Array) -> bool {
+        self.0 && x.dtype() == Dtype::Float32
+    }
+
+    /// Whether the host kernel of a float32 recurrence computes.
+    pub fn recurrence(self) -> bool {
+        self.0
+    }
+}
+
+/// The last position of `x` (`[B, L, D]` → `[B, 1, D]`).
+pub fn last_position(x: &Array) -> MlxResult<Array> {
+    let l = x.shape()[1];
+    Ok(ops::indexing::take_axis(
+        x,
+        Array::from_slice(&[l - 1], &[1]),
+        1,
+    )?)
+}
+
+/// A scalar in the dtype of `like`, as a Python float meets an MLX array.
+pub fn scalar(v: f32, like: &Array) -> MlxResult<Array> {
+    Ok(Array::from_f32(v).as_dtype(like.dtype())?)
+}
+
+/// A rotary position embedding over the first `dims` of each head
+/// (`[B, H, L, D]`).
+pub enum Rope {
+    /// Frequencies `base^(-2i/dims)`, positions multiplied by `scale`.
+    Standard {
+        dims: i32,
+        traditional: bool,
+        base: f32,
+        scale: f32,
+    },
+    /// Explicit frequencies, one per rotated pair.
+    Freqs {
+        dims: i32,
+        traditional: bool,
+        freqs: Array,
+    },
+}
+
+impl Rope {
+    /// `x` rotated for positions `offset..offset + L`.
+    pub fn forward(&self, x: &Array, offset: usize) -> MlxResult<Array> {
+        Ok(match self {
+            Rope::Standard {
+                dims,
+                traditional,
+                base,
+                scale,
+            } => fast::rope(x, *dims, *traditional, *base, *scale, offset as i32, None)?,
+            Rope::Freqs {
+                dims,
+                traditional,
+                freqs,
+            } => fast::rope(x, *dims, *traditional, None, 1.0, offset as i32, freqs)?,
+        })
+    }
+}
+
+/// Scaled dot-product attention of queries `q` (`[B, H, L, D]`, the last
+/// `L` of the `T` positions of `k` and `v`): each query sees the keys up to
+/// its own position and, with `window`, only the last `window` of those (a
+/// single query sees every key it is given). The host kernel computes it
+/// where [`HostKernels::apply`] says so and there is no window to cut.
+pub fn attention(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    scale: f32,
+    window: Option<usize>,
+    host: HostKernels,
+) -> MlxResult<Array> {
+    let (l, t) = (q.shape()[2] as usize, k.shape()[2] as usize);
+    let window = window.filter(|&w| l > 1 && t > w);
+    if host.apply(q) && window.is_none() {
+        return host::attention(q, k, v, scale, l > 1);
+    }
+    let sdpa = |mask| -> MlxResult<Array> {
+        Ok(fast::scaled_dot_product_attention(
+            q, k, v, scale, mask, None,
+        )?)
+    };
+    match window {
+        _ if l == 1 => sdpa(None),
+        Some(w) => {
+            // Query i is at key position t - l + i.
+            let rows = ops::add(
+                &ops::arange::<_, i32>(0, l as i32, 1)?,
+                Array::from_int((t - l) as i32),
+            )?;
+            let rows = ops::expand_dims(&rows, 1)?;
+            let cols = ops::expand_dims(&ops::arange::<_, i32>(0, t as i32, 1)?, 0)?;
+            let causal = ops::ge(&rows, &cols)?;
+            let near = ops::lt(&rows, &ops::add(&cols, Array::from_int(w as i32))?)?;
+            let mask = ops::logical_and(&causal, &near)?;
+            sdpa(Some(ScaledDotProductAttentionMask::Array(&mask)))
+        }
+        None => sdpa(Some(ScaledDotProductAttentionMask::Causal)),
+    }
+}
+
+/// The tanh approximation of GELU, in the order and dtype of MLX's
+/// `nn.gelu_approx`: `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`.
+pub fn gelu_approx(x: &Array) -> MlxResult<Array> {
+    let cube = ops::power(x, &scalar(3.0, x)?)?;
+    let inner = ops::add(x, &ops::multiply(&scalar(0.044715, x)?, &cube)?)?;
+    let c = (2.0f32 / std::f32::consts::PI).sqrt();
+    let t = ops::tanh(&ops::multiply(&scalar(c, x)?, &inner)?)?;
+    let half_x = ops::multiply(&scalar(0.5, x)?, x)?;
+    Ok(ops::multiply(&half_x, &ops::add(&scalar(1.0, x)?, &t)?)?)
+}
+
+/// The gate of a gated MLP (and of its experts).
+#[derive(Clone, Copy, Debug)]
+pub enum Activation {
+    /// `silu(gate) * up` (SwiGLU: llama, Qwen3.5).
+    Silu,
+    /// `gelu_approx(gate) * up` (GeGLU: Gemma 4).
+    GeluApprox,
+}
+
+impl Activation {
+    pub fn gate(self, gate: &Array, up: &Array, host: HostKernels) -> MlxResult<Array> {
+        match self {
+            Activation::Silu if host.apply(gate) => host::swiglu(gate, up),
+            Activation::Silu => Ok(ops::multiply(&nn::silu(gate)?, up)?),
+            Activation::GeluApprox => Ok(ops::multiply(&gelu_approx(gate)?, up)?),
+        }
+    }
+}
+
+/// `down_proj(act(gate_proj x) * up_proj x)`, every projection's output in
+/// the type of `x`.
+pub struct GatedMlp {
+    gate_proj: Linear,
+    up_proj: Linear,
+    down_proj: Linear,
+    activation: Activation,
+    host: HostKernels,
+}
+
+impl GatedMlp {
+    pub fn load(w: &Weights, p: &str, activation: Activation) -> MlxResult<Self> {
+        Ok(GatedMlp {
+            gate_proj: Linear::load(w, &format!("{p}.gate_proj"))?,
+            up_proj: Linear::load(w, &format!("{p}.up_proj"))?,
+            down_proj: Linear::load(w, &format!("{p}.down_proj"))?,
+            activation,
+            host: HostKernels::of(w),
+        })
+    }
+
+    pub fn forward(&self, x: &Array) -> MlxResult<Array> {
+        let gate = self.gate_proj.forward_as(x)?;
+        let up = self.up_proj.forward_as(x)?;
+        let h = self.activation.gate(&gate, &up, self.host)?;
+        self.down_proj.forward_as(&h)
+    }
+}
 
 /// The dense matrix a quantized module stands for, evaluated once.
 pub(super) fn dequantized(w: &Weights, name: &str, quant: Quant) -> MlxResult<Array> {
@@ -71,6 +264,12 @@ impl Linear {
                 bias,
             }),
         }
+    }
+
+    /// `forward(x)` in the type of `x` (a float32-scaled quantized matrix
+    /// would otherwise promote bfloat16 activations).
+    pub fn forward_as(&self, x: &Array) -> MlxResult<Array> {
+        Ok(self.forward(x)?.as_dtype(x.dtype())?)
     }
 
     pub fn forward(&self, x: &Array) -> MlxResult<Array> {

@@ -6,14 +6,14 @@
 //! mlp.{gate,up,down}_proj, input_layernorm, post_attention_layernorm}`,
 //! `model.norm`, `lm_head` (absent with tied embeddings).
 
-use mlx_rs::fast::{self, ScaledDotProductAttentionMask};
-use mlx_rs::{nn, ops, Array};
+use mlx_rs::{ops, Array};
 use serde::Deserialize;
 use serde_json::Value;
 
 use super::cache::{KvCache, ModelCache};
-use super::host;
-use super::layers::{Embedding, Linear, RmsNorm};
+use super::layers::{
+    attention, last_position, Activation, Embedding, GatedMlp, HostKernels, Linear, RmsNorm, Rope,
+};
 use super::loader::Weights;
 use super::{Architecture, LastHidden};
 use super::{MlxError, MlxResult};
@@ -91,13 +91,9 @@ struct Attention {
     o_proj: Linear,
     n_heads: i32,
     n_kv_heads: i32,
-    head_dim: i32,
     scale: f32,
-    rope_theta: f32,
-    rope_scale: f32,
-    rope_traditional: bool,
-    /// Softmax by [`host::attention`] instead of MLX's fused attention.
-    host_kernels: bool,
+    rope: Rope,
+    host: HostKernels,
 }
 
 impl Attention {
@@ -110,25 +106,15 @@ impl Attention {
             o_proj: Linear::load(w, &format!("{p}.o_proj"))?,
             n_heads: c.num_attention_heads,
             n_kv_heads: c.kv_heads(),
-            head_dim,
             scale: (head_dim as f32).powf(-0.5),
-            rope_theta: c.rope_theta,
-            rope_scale: c.rope_scale()?,
-            rope_traditional: c.rope_traditional,
-            host_kernels: w.options.host_kernels,
+            rope: Rope::Standard {
+                dims: head_dim,
+                traditional: c.rope_traditional,
+                base: c.rope_theta,
+                scale: c.rope_scale()?,
+            },
+            host: HostKernels::of(w),
         })
-    }
-
-    fn rope(&self, x: &Array, offset: usize) -> MlxResult<Array> {
-        Ok(fast::rope(
-            x,
-            self.head_dim,
-            self.rope_traditional,
-            self.rope_theta,
-            self.rope_scale,
-            offset as i32,
-            None,
-        )?)
     }
 
     /// Attention of every position of `x` (`[B, L, D]`), extending `cache`.
@@ -156,66 +142,20 @@ impl Attention {
         let v = heads(self.v_proj.forward(x)?, self.n_kv_heads)?;
 
         let offset = cache.offset();
-        let q = self.rope(&q, offset + (x.shape()[1] - l) as usize)?;
-        let k = self.rope(&k, offset)?;
+        let q = self
+            .rope
+            .forward(&q, offset + (x.shape()[1] - l) as usize)?;
+        let k = self.rope.forward(&k, offset)?;
         let (k, v) = cache.update_and_fetch(k, v)?;
-
-        // A single query attends to everything; several attend causally
-        // (the mask is aligned to the end when keys outnumber queries).
-        let out = if self.host_kernels {
-            host::attention(&q, &k, &v, self.scale, l > 1)?
-        } else {
-            let mask = (l > 1).then_some(ScaledDotProductAttentionMask::Causal);
-            fast::scaled_dot_product_attention(&q, &k, &v, self.scale, mask, None)?
-        };
+        let out = attention(&q, &k, &v, self.scale, None, self.host)?;
         let out = ops::reshape(&out.transpose_axes(&[0, 2, 1, 3])?, &[b, l, -1])?;
         self.o_proj.forward(&out)
     }
 }
 
-/// The last position of `x` (`[B, L, D]` → `[B, 1, D]`).
-fn last_position(x: &Array) -> MlxResult<Array> {
-    let l = x.shape()[1];
-    Ok(ops::indexing::take_axis(
-        x,
-        Array::from_slice(&[l - 1], &[1]),
-        1,
-    )?)
-}
-
-struct Mlp {
-    gate_proj: Linear,
-    up_proj: Linear,
-    down_proj: Linear,
-    /// The gate by [`host::swiglu`] instead of MLX's ops.
-    host_kernels: bool,
-}
-
-impl Mlp {
-    fn load(w: &Weights, p: &str) -> MlxResult<Self> {
-        Ok(Mlp {
-            gate_proj: Linear::load(w, &format!("{p}.gate_proj"))?,
-            up_proj: Linear::load(w, &format!("{p}.up_proj"))?,
-            down_proj: Linear::load(w, &format!("{p}.down_proj"))?,
-            host_kernels: w.options.host_kernels,
-        })
-    }
-
-    fn forward(&self, x: &Array) -> MlxResult<Array> {
-        let gate = self.gate_proj.forward(x)?;
-        let up = self.up_proj.forward(x)?;
-        let h = if self.host_kernels {
-            host::swiglu(&gate, &up)?
-        } else {
-            ops::multiply(&nn::silu(gate)?, &up)?
-        };
-        self.down_proj.forward(&h)
-    }
-}
-
 struct TransformerBlock {
     self_attn: Attention,
-    mlp: Mlp,
+    mlp: GatedMlp,
     input_layernorm: RmsNorm,
     post_attention_layernorm: RmsNorm,
 }
@@ -224,7 +164,7 @@ impl TransformerBlock {
     fn load(w: &Weights, p: &str, c: &Config) -> MlxResult<Self> {
         Ok(TransformerBlock {
             self_attn: Attention::load(w, &format!("{p}.self_attn"), c)?,
-            mlp: Mlp::load(w, &format!("{p}.mlp"))?,
+            mlp: GatedMlp::load(w, &format!("{p}.mlp"), Activation::Silu)?,
             input_layernorm: RmsNorm::load(w, &format!("{p}.input_layernorm"), c.rms_norm_eps)?,
             post_attention_layernorm: RmsNorm::load(
                 w,

@@ -36,17 +36,9 @@ impl Quant {
     }
 }
 
-/// The raw `config.json` of a conversion.
+/// The raw `config.json` of a conversion ([`crate::model_config::read`]).
 pub fn read_config(dir: &Path) -> MlxResult<Value> {
-    let path = dir.join("config.json");
-    let text = std::fs::read_to_string(&path).map_err(|e| {
-        MlxError::Config(format!(
-            "cannot read {}: {e}; --model must name an MLX conversion folder",
-            path.display()
-        ))
-    })?;
-    serde_json::from_str(&text)
-        .map_err(|e| MlxError::Config(format!("{} is not valid JSON: {e}", path.display())))
+    crate::model_config::read(dir).map_err(MlxError::Config)
 }
 
 /// The checkpoint's tensors, handed out once each by name.

@@ -39,6 +39,8 @@ use mlx_rs::{ops, Array};
 use sha2::{Digest, Sha256};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::model_config;
+
 use self::cache::ModelCache;
 use self::sample::Rng;
 use super::prefix_cache::{PrefixCache, Weighed};
@@ -359,15 +361,7 @@ fn describe_config(config: &serde_json::Value) -> MlxResult<ModelInfo> {
     if !architectures().any(|a| a == model_type) {
         return Err(unsupported(model_type));
     }
-    // Vision-language checkpoints nest the text model's settings.
-    let text = config.get("text_config");
-    let get = |k: &str| {
-        config
-            .get(k)
-            .or_else(|| text.and_then(|t| t.get(k)))
-            .and_then(|v| v.as_u64())
-            .map(|v| v as usize)
-    };
+    let get = |k: &str| model_config::get_usize(config, k);
     Ok(ModelInfo {
         context_length: get("max_position_embeddings").unwrap_or(4096),
         vocab_size: get("vocab_size")
@@ -539,10 +533,7 @@ impl MlxEngine {
     /// Returns at once; [`Engine::status`] says when the model is ready.
     pub fn start(dir: PathBuf, options: MlxOptions) -> MlxResult<Self> {
         let info = MlxModel::describe(&dir)?;
-        let layers = loader::read_config(&dir)?
-            .get("num_hidden_layers")
-            .and_then(|v| v.as_u64())
-            .map(|v| v as usize);
+        let layers = model_config::get_usize(&loader::read_config(&dir)?, "num_hidden_layers");
         let max_queue = options.max_queue.max(1);
         let padding = options.padding;
         let (jobs, rx) = mpsc::channel(max_queue);

@@ -22,19 +22,20 @@
 //! kernel on the CPU, else in blocks of tokens (reading a prompt) or a
 //! token at a time (decoding).
 
-use mlx_rs::fast::{self, ScaledDotProductAttentionMask};
-use mlx_rs::{nn, ops, Array, Dtype};
+use mlx_rs::{fast, nn, ops, Array, Dtype};
 use serde::Deserialize;
 use serde_json::Value;
 
 use super::cache::{DeltaCache, KvCache, LayerCache, ModelCache};
 use super::delta;
-use super::host;
-use super::layers::{Embedding, Linear, RmsNorm};
+use super::layers::{
+    attention, last_position, Activation, Embedding, GatedMlp, HostKernels, Linear, RmsNorm, Rope,
+};
 use super::loader::Weights;
 use super::switch::SwitchGlu;
 use super::{Architecture, LastHidden};
 use super::{MlxError, MlxResult};
+use crate::model_config;
 
 fn default_interval() -> usize {
     4
@@ -90,8 +91,7 @@ impl Config {
     /// Reads the text config of `config.json` and checks what the layers
     /// rely on.
     pub fn from_config(config: &Value) -> MlxResult<Self> {
-        let text = config.get("text_config").unwrap_or(config);
-        let c: Config = serde_json::from_value(text.clone()).map_err(|e| {
+        let c: Config = serde_json::from_value(model_config::text(config)).map_err(|e| {
             MlxError::Config(format!(
                 "config.json is not a Qwen3.5 config (its text_config lacks a field): {e}"
             ))
@@ -177,7 +177,7 @@ impl Proj {
     }
 
     fn forward(&self, x: &Array) -> MlxResult<Array> {
-        Ok(self.0.forward(x)?.as_dtype(x.dtype())?)
+        self.0.forward_as(x)
     }
 }
 
@@ -194,9 +194,8 @@ struct Attention {
     n_kv_heads: i32,
     head_dim: i32,
     scale: f32,
-    rope_dims: i32,
-    rope_theta: f32,
-    host_kernels: bool,
+    rope: Rope,
+    host: HostKernels,
 }
 
 impl Attention {
@@ -214,22 +213,14 @@ impl Attention {
             n_kv_heads: c.num_key_value_heads,
             head_dim,
             scale: (head_dim as f32).powf(-0.5),
-            rope_dims,
-            rope_theta,
-            host_kernels: w.options.host_kernels,
+            rope: Rope::Standard {
+                dims: rope_dims,
+                traditional: false,
+                base: rope_theta,
+                scale: 1.0,
+            },
+            host: HostKernels::of(w),
         })
-    }
-
-    fn rope(&self, x: &Array, offset: usize) -> MlxResult<Array> {
-        Ok(fast::rope(
-            x,
-            self.rope_dims,
-            false,
-            self.rope_theta,
-            1.0,
-            offset as i32,
-            None,
-        )?)
     }
 
     fn forward(&self, x: &Array, cache: &mut KvCache) -> MlxResult<Array> {
@@ -247,18 +238,10 @@ impl Attention {
         let values = values.transpose_axes(&[0, 2, 1, 3])?;
 
         let offset = cache.offset();
-        let queries = self.rope(&queries, offset)?;
-        let keys = self.rope(&keys, offset)?;
+        let queries = self.rope.forward(&queries, offset)?;
+        let keys = self.rope.forward(&keys, offset)?;
         let (keys, values) = cache.update_and_fetch(keys, values)?;
-        // The host softmax rounds once; on bfloat16 scores MLX's rounding is
-        // what mlx-lm computes, and over a few hundred keys the difference
-        // reaches 2e-3 in the logits, so bfloat16 models keep MLX's kernel.
-        let out = if self.host_kernels && queries.dtype() == Dtype::Float32 {
-            host::attention(&queries, &keys, &values, self.scale, l > 1)?
-        } else {
-            let mask = (l > 1).then_some(ScaledDotProductAttentionMask::Causal);
-            fast::scaled_dot_product_attention(&queries, &keys, &values, self.scale, mask, None)?
-        };
+        let out = attention(&queries, &keys, &values, self.scale, None, self.host)?;
         let out = ops::reshape(&out.transpose_axes(&[0, 2, 1, 3])?, &[b, l, -1])?;
         self.o_proj
             .forward(&ops::multiply(&out, &ops::sigmoid(&gate)?)?)
@@ -285,7 +268,7 @@ struct GatedDeltaNet {
     head_k_dim: i32,
     head_v_dim: i32,
     kernel: i32,
-    host_kernels: bool,
+    host: HostKernels,
     /// Read prompts in blocks of tokens (`LoadOptions::chunked_delta`).
     chunked: bool,
 }
@@ -318,7 +301,7 @@ impl GatedDeltaNet {
             head_k_dim: c.linear_key_head_dim,
             head_v_dim: c.linear_value_head_dim,
             kernel: c.linear_conv_kernel_dim,
-            host_kernels: w.options.host_kernels,
+            host: HostKernels::of(w),
             chunked: w.options.chunked_delta,
         })
     }
@@ -382,7 +365,7 @@ impl GatedDeltaNet {
         };
         // The host kernel on the CPU; else MLX ops: a token at a time to
         // decode, in blocks of tokens to read a prompt.
-        let (y, state) = if self.host_kernels {
+        let (y, state) = if self.host.recurrence() {
             delta::host(&q, &k, &v, &decay, &beta, &state)?
         } else {
             let repeat = self.num_v_heads / self.num_k_heads;
@@ -419,50 +402,12 @@ fn repeat_heads(x: &Array, r: i32) -> MlxResult<Array> {
     Ok(ops::reshape(&e, &[sh[0], sh[1], sh[2] * r, sh[3]])?)
 }
 
-/// A SwiGLU MLP (the dense blocks' and the shared expert).
-struct Mlp {
-    gate_proj: Proj,
-    up_proj: Proj,
-    down_proj: Proj,
-    host_kernels: bool,
-}
-
-impl Mlp {
-    fn load(w: &Weights, p: &str) -> MlxResult<Self> {
-        Ok(Mlp {
-            gate_proj: Proj::load(w, &format!("{p}.gate_proj"))?,
-            up_proj: Proj::load(w, &format!("{p}.up_proj"))?,
-            down_proj: Proj::load(w, &format!("{p}.down_proj"))?,
-            host_kernels: w.options.host_kernels,
-        })
-    }
-
-    fn forward(&self, x: &Array) -> MlxResult<Array> {
-        let gate = self.gate_proj.forward(x)?;
-        let up = self.up_proj.forward(x)?;
-        self.down_proj
-            .forward(&swiglu(&gate, &up, self.host_kernels)?)
-    }
-}
-
-/// `silu(gate) * up`. The host kernel rounds once, at the end; MLX rounds
-/// after each op, and in bfloat16 that difference moves the logits by a few
-/// 1e-3 through the layers, so a bfloat16 model (every Qwen3.5 conversion)
-/// keeps MLX's ops here, as mlx-lm computes them.
-fn swiglu(gate: &Array, up: &Array, host_kernels: bool) -> MlxResult<Array> {
-    if host_kernels && gate.dtype() == Dtype::Float32 {
-        host::swiglu(gate, up)
-    } else {
-        Ok(ops::multiply(&nn::silu(gate)?, up)?)
-    }
-}
-
 /// Top-k routing over `num_experts` SwiGLU experts, plus a shared expert
 /// scaled by its own sigmoid gate.
 struct SparseMoe {
     gate: Proj,
     switch_mlp: SwitchGlu,
-    shared_expert: Mlp,
+    shared_expert: GatedMlp,
     shared_expert_gate: Proj,
     top_k: i32,
     norm_topk_prob: bool,
@@ -472,8 +417,8 @@ impl SparseMoe {
     fn load(w: &Weights, p: &str, c: &Config) -> MlxResult<Self> {
         Ok(SparseMoe {
             gate: Proj::load(w, &format!("{p}.gate"))?,
-            switch_mlp: SwitchGlu::load(w, &format!("{p}.switch_mlp"), swiglu)?,
-            shared_expert: Mlp::load(w, &format!("{p}.shared_expert"))?,
+            switch_mlp: SwitchGlu::load(w, &format!("{p}.switch_mlp"), Activation::Silu)?,
+            shared_expert: GatedMlp::load(w, &format!("{p}.shared_expert"), Activation::Silu)?,
             shared_expert_gate: Proj::load(w, &format!("{p}.shared_expert_gate"))?,
             top_k: c.num_experts_per_tok,
             norm_topk_prob: c.norm_topk_prob,
@@ -508,7 +453,7 @@ enum Mixer {
 }
 
 enum FeedForward {
-    Dense(Mlp),
+    Dense(GatedMlp),
     Sparse(Box<SparseMoe>),
 }
 
@@ -538,7 +483,7 @@ impl DecoderLayer {
         let mlp = if c.num_experts > 0 {
             FeedForward::Sparse(Box::new(SparseMoe::load(w, &format!("{p}.mlp"), c)?))
         } else {
-            FeedForward::Dense(Mlp::load(w, &format!("{p}.mlp"))?)
+            FeedForward::Dense(GatedMlp::load(w, &format!("{p}.mlp"), Activation::Silu)?)
         };
         Ok(DecoderLayer {
             mixer,
@@ -583,16 +528,6 @@ impl DecoderLayer {
     fn forward_last(&self, x: &Array, cache: &mut LayerCache) -> MlxResult<Array> {
         self.feed_forward(&last_position(&self.mix(x, cache)?)?)
     }
-}
-
-/// The last position of `x` (`[B, L, D]` → `[B, 1, D]`).
-fn last_position(x: &Array) -> MlxResult<Array> {
-    let l = x.shape()[1];
-    Ok(ops::indexing::take_axis(
-        x,
-        Array::from_slice(&[l - 1], &[1]),
-        1,
-    )?)
 }
 
 /// A Qwen3.5 text model.

@@ -13,7 +13,7 @@
 
 use mlx_rs::{ops, Array, Dtype};
 
-use super::layers;
+use super::layers::{self, Activation, HostKernels};
 use super::loader::{Quant, Weights};
 use super::{MlxError, MlxResult};
 
@@ -94,29 +94,26 @@ impl Experts {
     }
 }
 
-/// The activation of a gated expert: `act(gate, up)`.
-pub type Activation = fn(&Array, &Array, bool) -> MlxResult<Array>;
-
 /// `E` gated MLP experts, of which each token runs the `k` it is routed to.
 pub struct SwitchGlu {
     gate_proj: Experts,
     up_proj: Experts,
     down_proj: Experts,
     activation: Activation,
-    host_kernels: bool,
+    host: HostKernels,
     sort_from: usize,
 }
 
 impl SwitchGlu {
     /// The experts under `prefix` (`{prefix}.gate_proj` and so on), with
-    /// `activation(gate, up, host_kernels)` between the projections.
+    /// `activation` gating between the projections.
     pub fn load(w: &Weights, prefix: &str, activation: Activation) -> MlxResult<Self> {
         Ok(SwitchGlu {
             gate_proj: Experts::load(w, &format!("{prefix}.gate_proj"))?,
             up_proj: Experts::load(w, &format!("{prefix}.up_proj"))?,
             down_proj: Experts::load(w, &format!("{prefix}.down_proj"))?,
             activation,
-            host_kernels: w.options.host_kernels,
+            host: HostKernels::of(w),
             sort_from: w.options.sort_experts_from,
         })
     }
@@ -139,7 +136,7 @@ impl SwitchGlu {
         let xe = x.expand_dims_axes(&[-2, -3])?;
         let up = self.up_proj.gather(&xe, inds, false)?;
         let gate = self.gate_proj.gather(&xe, inds, false)?;
-        let h = (self.activation)(&gate, &up, self.host_kernels)?;
+        let h = self.activation.gate(&gate, &up, self.host)?;
         Ok(self
             .down_proj
             .gather(&h, inds, false)?
@@ -164,7 +161,7 @@ impl SwitchGlu {
         let experts = ops::indexing::take_axis(&pairs, &order, 0)?;
         let up = self.up_proj.gather(&rows, &experts, true)?;
         let gate = self.gate_proj.gather(&rows, &experts, true)?;
-        let h = (self.activation)(&gate, &up, self.host_kernels)?;
+        let h = self.activation.gate(&gate, &up, self.host)?;
         let y = self
             .down_proj
             .gather(&h, &experts, true)?
@@ -203,7 +200,7 @@ impl SwitchGlu {
             )?;
             let gate = self.gate_proj.rows(&rows, e)?;
             let up = self.up_proj.rows(&rows, e)?;
-            let h = (self.activation)(&gate, &up, self.host_kernels)?;
+            let h = self.activation.gate(&gate, &up, self.host)?;
             outputs.push(self.down_proj.rows(&h, e)?);
             for (i, p) in order[start..end].iter().enumerate() {
                 placed[p.1] = (start + i) as i32;
