@@ -16,7 +16,7 @@ DENSE_MODEL := $(DECISIO_CACHE)/models/smollm2-135m-instruct-dense
 OPENBLAS := $(wildcard /usr/lib/$(shell gcc -dumpmachine 2>/dev/null)/libopenblas.so.0)
 PORT ?= 8000
 
-.PHONY: setup serve test check-targets gate reference reference-cached reference-logits cargo-test e2e lint bench bench-tasks ci-time schemathesis
+.PHONY: setup serve test check-targets gate reference reference-cached reference-logits cargo-test e2e lint bench bench-tasks ci-time schemathesis bench-mac
 
 setup:
 	@bash scripts/setup.sh
@@ -82,6 +82,13 @@ bench: setup
 	$(PYTHON) scripts/bench/host_kernels.py
 	$(PYTHON) scripts/bench/decide.py
 	$(MAKE) bench-tasks
+
+# decisio against mlx_lm.server on the same MLX conversions: a new state, a
+# seen state, 100 questions on one state, peak memory at 8k/16k/32k tokens;
+# the three bases' conversions on a Mac, the fixture's dense copy elsewhere
+# (scripts/bench/mac.py), into runs/<today>_mac-bench.
+bench-mac: setup
+	@bash scripts/bench/mac.sh
 
 # Task registration: choice throughput and latency, then intent heads over
 # MMLU subjects (6 draws x 10 shots), the head's fit time, the reliability PNG.
