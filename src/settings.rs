@@ -12,7 +12,9 @@ pub struct Limits {
     pub max_queue: usize,
     /// Largest `top_logprobs` (chat) or `logprobs` (completions).
     pub max_logprobs: usize,
-    /// Most ids in a completion's `logprob_token_ids`.
+    /// Most ids in a completion's `logprob_token_ids`: vLLM's own limit
+    /// (`MAX_LOGPROB_TOKEN_IDS` of `vllm/sampling_params.py`, 0.33.0), on
+    /// both backends, so that the gateway refuses what an upstream would.
     pub max_logprob_token_ids: usize,
     /// Most stop sequences in one request.
     pub max_stop: usize,
@@ -60,7 +62,7 @@ impl Default for Limits {
             max_body_bytes: 8 << 20,
             max_queue: 64,
             max_logprobs: 20,
-            max_logprob_token_ids: 256,
+            max_logprob_token_ids: 128,
             max_stop: 4,
             max_stop_bytes: 256,
             prefill_chunk: 256,

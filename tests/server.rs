@@ -183,6 +183,63 @@ fn answers_and_refuses_bad_input() {
     );
     assert_eq!(e["param"], "prompt");
 
+    // The limits a vLLM upstream imposes hold on this backend too
+    // (docs/limits.md): one contract for both. Just beyond each, a 400
+    // naming the field; just inside, an answer.
+    let completion = |extra: Value| {
+        let mut body = json!({"prompt": "Hello", "max_tokens": 2, "temperature": 1});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        s.post_json("/v1/completions", &body)
+    };
+    let ids = |n: u32| (1000..1000 + n).collect::<Vec<u32>>();
+    for (extra, param) in [
+        (
+            json!({"logprobs": 1, "logprob_token_ids": ids(129)}),
+            "logprob_token_ids",
+        ),
+        (
+            json!({"logprobs": 1, "logprob_token_ids": ids(2), "echo": true, "max_tokens": 0}),
+            "logprob_token_ids",
+        ),
+        (json!({"seed": -1}), "seed"),
+        (json!({"seed": 9223372036854775808u64}), "seed"),
+    ] {
+        let e = error_of(&completion(extra.clone()), 400);
+        assert_eq!(e["param"], param, "{extra}: {e}");
+    }
+    let below = br#"{"prompt": "Hello", "seed": -9223372036854775809}"#;
+    let r = s
+        .request("POST", "/v1/completions", &[], Some(below))
+        .unwrap();
+    assert_eq!(error_of(&r, 400)["param"], "seed");
+    let mut bad = chat("hi");
+    bad["seed"] = json!(-1);
+    assert_eq!(
+        error_of(&s.post_json("/v1/chat/completions", &bad), 400)["param"],
+        "seed"
+    );
+    for extra in [
+        json!({"logprobs": 1, "logprob_token_ids": ids(128)}),
+        json!({"logprobs": 1, "logprob_token_ids": ids(2), "echo": true, "max_tokens": 1}),
+        json!({"logprobs": 1, "echo": true, "max_tokens": 0}),
+        json!({"seed": i64::MIN}),
+        json!({"seed": i64::MAX}),
+    ] {
+        let r = completion(extra.clone());
+        assert_eq!(r.status, 200, "{extra}: {}", r.text());
+    }
+    let top = completion(json!({"logprobs": 1, "logprob_token_ids": ids(128),
+                                "return_tokens_as_token_ids": true}))
+    .json();
+    let top = &top["choices"][0]["logprobs"]["top_logprobs"][0];
+    assert!(top.as_object().unwrap().len() >= 128, "{top}");
+    // A negative seed repeats its draw, as any other.
+    let draw =
+        || completion(json!({"seed": -2, "max_tokens": 6})).json()["choices"][0]["text"].clone();
+    assert_eq!(draw(), draw());
+
     // /tokenize and /detokenize in vLLM's shapes.
     let t = s
         .post_json("/tokenize", &json!({"prompt": "Hello, world!"}))

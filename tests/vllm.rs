@@ -440,6 +440,11 @@ fn generation_is_forwarded_as_token_id_completions() {
                "temperature": 0, "logprobs": 2}),
         json!({"model": "smollm2", "prompt": "One, two, three,", "max_tokens": 4,
                "temperature": 0, "echo": true, "logprobs": 1}),
+        // Seeds go upstream signed, as vLLM takes them: the same draw.
+        json!({"model": "smollm2", "prompt": "Once upon a time", "max_tokens": 6,
+               "temperature": 1, "seed": -2, "logprobs": 0}),
+        json!({"model": "smollm2", "prompt": "Once upon a time", "max_tokens": 6,
+               "temperature": 1, "seed": i64::MIN, "logprobs": 0}),
     ] {
         let a = mlx.post_json("/v1/completions", &body);
         let b = vllm.post_json("/v1/completions", &body);

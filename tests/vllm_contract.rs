@@ -3,7 +3,8 @@
 //! exact shapes of vLLM's OpenAI server (`tests/fixtures/vllm_contract/`:
 //! `/v1/models` with `max_model_len`, `/health`, `/tokenize`, completions
 //! with `return_tokens_as_token_ids` and `logprob_token_ids`, and its error
-//! bodies, the current `{"error": {…}}` and the older flat one). The
+//! bodies, the current `{"error": {…}}` and the older flat one; requests
+//! at vLLM's limits; a pooling server whose embeddings are normalised). The
 //! replay server records what the gateway sent, so the tests check both
 //! directions: the requests' fields and the gateway's answers and errors.
 
@@ -407,4 +408,99 @@ fn image_content_parts_are_passed_through_to_the_upstream_chat_route() {
     );
     assert_eq!(r.status, 400, "{}", r.text());
     assert_eq!(r.json()["error"]["param"], "n");
+}
+
+/// A 400 in OpenAI's shape naming `param`, its message holding `needle`.
+fn assert_refused(r: &common::Response, param: &str, needle: &str) {
+    assert_eq!(r.status, 400, "{}", r.text());
+    let e = r.json();
+    assert_eq!(e["error"]["param"], param, "{e}");
+    assert_eq!(e["error"]["type"], "invalid_request_error", "{e}");
+    let message = e["error"]["message"].as_str().unwrap();
+    assert!(message.contains(needle), "{e}");
+}
+
+/// What vLLM 0.33.0 refuses is a 400 from the gateway naming the field,
+/// before anything is sent upstream (never vLLM's 400 as a 502): more than
+/// 128 `logprob_token_ids`, `echo` with `max_tokens: 0` and
+/// `logprob_token_ids`, and seed -1 (vLLM's "no seed"). A value just inside
+/// each limit is sent as vLLM takes it, seeds as signed 64-bit integers.
+#[test]
+fn vllm_limits_are_refused_before_anything_is_sent() {
+    let replay = Replay::start("limits.json");
+    let gw = gateway(&replay, &["--pad-policy", "none"]);
+    let completion = |extra: Value| {
+        let mut body =
+            json!({"model": "smollm2", "prompt": "Hello", "max_tokens": 1, "temperature": 0});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        gw.post_json("/v1/completions", &body)
+    };
+    let ids = |n: u32| (1000..1000 + n).collect::<Vec<u32>>();
+    let sent_at_start = replay.completions().len();
+
+    assert_refused(
+        &completion(json!({"logprobs": 1, "logprob_token_ids": ids(129)})),
+        "logprob_token_ids",
+        "at most 128 ids",
+    );
+    assert_refused(
+        &completion(json!({"logprobs": 1, "logprob_token_ids": ids(2),
+                           "echo": true, "max_tokens": 0})),
+        "logprob_token_ids",
+        "`max_tokens` to 1 or more",
+    );
+    for seed in [json!(-1), json!(9223372036854775808u64)] {
+        assert_refused(&completion(json!({"seed": seed})), "seed", "seed");
+    }
+    let mut chat = json!({"model": "smollm2", "max_tokens": 1, "seed": -1,
+                          "messages": [{"role": "user", "content": "Hello"}]});
+    assert_refused(
+        &gw.post_json("/v1/chat/completions", &chat),
+        "seed",
+        "leave `seed` out",
+    );
+    assert_eq!(replay.completions().len(), sent_at_start, "sent upstream");
+
+    // Just inside: 128 ids, and signed seeds at both ends of vLLM's range.
+    let r = completion(json!({"logprobs": 1, "logprob_token_ids": ids(128)}));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let sent = replay.completions().last().unwrap().clone();
+    assert_eq!(sent["logprob_token_ids"], json!(ids(128)));
+    for seed in [json!(-2), json!(i64::MIN), json!(i64::MAX), json!(0)] {
+        let r = completion(json!({"seed": seed}));
+        assert_eq!(r.status, 200, "seed {seed}: {}", r.text());
+        assert_eq!(replay.completions().last().unwrap()["seed"], seed);
+    }
+    chat["seed"] = json!(-2);
+    let r = gw.post_json("/v1/chat/completions", &chat);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(replay.completions().last().unwrap()["seed"], -2);
+}
+
+/// A head upstream whose pooler normalises is refused at start, and the
+/// gateway names the flag that vLLM 0.14 and later take (0.16 and later
+/// refuse the older `normalize`).
+#[test]
+fn a_normalising_head_upstream_is_refused_naming_the_pooler_flag() {
+    let replay = Replay::start("limits.json");
+    let head = Replay::start("pooler.json");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_decisio"))
+        .args(["serve", "--backend", "vllm", "--model"])
+        .arg(common::model_dir())
+        .args(["--upstream", &replay.url(), "--head-upstream", &head.url()])
+        .args(["--port", "0"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("normalised (norm 1)"), "{err}");
+    assert!(
+        err.contains(r#"--pooler-config '{"pooling_type": "LAST", "use_activation": false}'"#),
+        "{err}"
+    );
+    assert!(!err.contains("normalize"), "{err}");
 }

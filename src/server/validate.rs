@@ -96,8 +96,23 @@ fn sampling(
                 ))
             }
         },
-        seed: seed.map(|s| s as u64),
+        seed: seed.map(seed_bits).transpose()?,
     })
+}
+
+/// A request's `seed`: any signed 64-bit integer but -1, which vLLM reads
+/// as no seed (`vllm/sampling_params.py`), so the draw would not repeat.
+/// Refused on both backends, so that a request means the same on each.
+/// Carried as its bits; the vLLM backend sends the signed value back.
+fn seed_bits(seed: i64) -> Result<u64, ApiError> {
+    if seed == -1 {
+        return Err(ApiError::invalid(
+            "seed",
+            "`seed` -1 is refused: vLLM reads it as no seed, so the draw would not repeat; \
+             send another integer, or leave `seed` out to draw from the clock",
+        ));
+    }
+    Ok(seed as u64)
 }
 
 fn stops(stop: &Option<StopSpec>, limits: &Limits) -> Result<Vec<String>, ApiError> {
@@ -581,7 +596,8 @@ pub fn completion(req: &CompletionRequest, limits: &Limits) -> Result<Completion
             return Err(ApiError::invalid(
                 "logprob_token_ids",
                 format!(
-                    "`logprob_token_ids` takes at most {} ids; got {}",
+                    "`logprob_token_ids` takes at most {} ids (vLLM's limit); got {}: send \
+                     fewer, or spread them over several requests",
                     limits.max_logprob_token_ids,
                     ids.len()
                 ),
@@ -589,6 +605,15 @@ pub fn completion(req: &CompletionRequest, limits: &Limits) -> Result<Completion
         }
         Some(ids) => token_ids(ids, "logprob_token_ids")?,
     };
+    // As vLLM 0.33 (completion/protocol.py, `check_logprobs`): the ids are
+    // read at generated tokens, and this request generates none.
+    if req.echo && max == Some(0) && !logprob_token_ids.is_empty() {
+        return Err(ApiError::invalid(
+            "logprob_token_ids",
+            "`logprob_token_ids` is read at generated tokens, and `echo` with `max_tokens: 0` \
+             generates none: set `max_tokens` to 1 or more, or leave `logprob_token_ids` out",
+        ));
+    }
     Ok(CompletionJob {
         prompt,
         echo: req.echo,

@@ -525,9 +525,9 @@ async fn probe_head(inner: &Inner, pool: &Pool, u: &Upstream) -> Result<Probed, 
     if (norm - 1.0).abs() < 1e-3 {
         return Err(invalid(
             "its embeddings are normalised (norm 1); start the pooling server with last-token \
-             pooling and normalisation off (`--pooler-config` with `\"pooling_type\": \"LAST\"` \
-             and `\"normalize\": false`, or `\"use_activation\": false` where `normalize` was \
-             removed)"
+             pooling and normalisation off: `--pooler-config '{\"pooling_type\": \"LAST\", \
+             \"use_activation\": false}'` (vLLM 0.14 and later; docs/design/vllm.md gives the \
+             older forms)"
                 .into(),
         ));
     }
@@ -1429,7 +1429,8 @@ async fn generate(
             max_tokens: request.max_tokens,
             temperature: Some(request.sampling.temperature),
             top_p: Some(request.sampling.top_p),
-            seed: request.sampling.seed,
+            // The request's signed seed, carried as its bits (validate.rs).
+            seed: request.sampling.seed.map(|s| s as i64),
             // Always asked: the token names carry the generated ids.
             logprobs: Some(k.max(request.prompt_logprobs.unwrap_or(0))),
             echo,

@@ -23,8 +23,9 @@ pub struct CompletionRequest {
     pub temperature: Option<f32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub top_p: Option<f32>,
+    /// Signed, as vLLM takes it (`ge=-(2**63)`, `le=2**63 - 1`).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub seed: Option<u64>,
+    pub seed: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub logprobs: Option<usize>,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
