@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-STAGES = ["setup", "reference", "rust", "e2e", "gates"]
+STAGES = ["setup", "reference", "rust", "targets", "e2e", "gates"]
 
 
 def minutes(s):
@@ -20,7 +20,8 @@ def main():
     notes = (out / "notes.md").read_text() if (out / "notes.md").exists() else ""
     lines = ["# CI time: `.ci/run` on a fresh clone, stage by stage", ""]
     lines += ["Minutes per stage (`setup`: scripts/setup.sh; `reference`: the Python "
-              "reference figures; `rust`: the Rust test binaries, built and run; `e2e`: the "
+              "reference figures; `rust`: the Rust test binaries, built and run; `targets`: the "
+              "compile checks of macOS and aarch64 Linux, from `05f35af` on; `e2e`: the "
               "OpenAI SDK tests; `gates`: the small suite on the fixture gated against the "
               "committed records, from `7f6f849` on). `new`: an empty `DECISIO_CACHE`; `cached`: a second fresh "
               "clone with the cache of the first.", ""]

@@ -261,10 +261,13 @@ fn accuracy_gate(
 }
 
 fn bits(a: &AnswerRecord) -> (Vec<u32>, Vec<u32>) {
-    (
-        a.probabilities.iter().map(|x| x.to_bits()).collect(),
-        a.letter_logprobs.iter().map(|x| x.to_bits()).collect(),
-    )
+    value_bits(&a.probabilities, &a.letter_logprobs)
+}
+
+/// The float32 bits of probabilities and letter log-probabilities.
+fn value_bits(probabilities: &[f32], letter_logprobs: &[f32]) -> (Vec<u32>, Vec<u32>) {
+    let of = |xs: &[f32]| xs.iter().map(|x| x.to_bits()).collect();
+    (of(probabilities), of(letter_logprobs))
 }
 
 /// The letter of an option's index.
@@ -317,12 +320,7 @@ fn sdk_gate(c: &Record, sdk: Option<&SdkCheck>) -> Option<Outcome> {
                 let mut top = g.top_logprobs.clone();
                 letters.sort();
                 top.sort();
-                bits(w)
-                    == bits(&AnswerRecord {
-                        probabilities: g.probabilities.clone(),
-                        letter_logprobs: g.letter_logprobs.clone(),
-                        ..(*w).clone()
-                    })
+                bits(w) == value_bits(&g.probabilities, &g.letter_logprobs)
                     && g.content == w.index.map(letter).unwrap_or_default()
                     && top == letters
             }
