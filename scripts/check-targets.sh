@@ -15,7 +15,7 @@ if [ "$host" != x86_64-unknown-linux-gnu ]; then
 fi
 for target in aarch64-apple-darwin aarch64-unknown-linux-gnu; do
   if ! grep -q "^\[target\.$target\.mlx\]" .cargo/config.toml 2>/dev/null; then
-    echo "error: no override for $target in .cargo/config.toml; run scripts/setup.sh" >&2
+    echo "error: no override for $target in .cargo/config.toml; run scripts/setup.sh (it needs rustup and its target $target)" >&2
     exit 1
   fi
   echo "[targets] cargo clippy --target $target"
