@@ -145,22 +145,33 @@ impl Weights {
     }
 }
 
+/// The folder's `.safetensors` files and their sizes on disk, by name,
+/// from the listing alone (nothing is loaded).
+pub fn safetensors_sizes(dir: &Path) -> MlxResult<Vec<(String, u64)>> {
+    let listing = std::fs::read_dir(dir)
+        .map_err(|e| MlxError::Config(format!("cannot list {}: {e}", dir.display())))?;
+    let mut files = Vec::new();
+    for entry in listing.filter_map(Result::ok) {
+        let path = entry.path();
+        if path.extension().is_some_and(|x| x == "safetensors") {
+            let size = std::fs::metadata(&path)
+                .map_err(|e| MlxError::Config(format!("cannot read {}: {e}", path.display())))?
+                .len();
+            files.push((entry.file_name().to_string_lossy().into_owned(), size));
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
 /// The bytes of a conversion's weights: the sizes on disk of the folder's
 /// `.safetensors` files (what MLX holds of them, before any dequantized
 /// copy). Read from the listing alone, before anything is loaded.
 pub fn weight_bytes(dir: &Path) -> MlxResult<usize> {
-    let listing = std::fs::read_dir(dir)
-        .map_err(|e| MlxError::Config(format!("cannot list {}: {e}", dir.display())))?;
-    let mut bytes = 0;
-    for entry in listing.filter_map(Result::ok) {
-        let path = entry.path();
-        if path.extension().is_some_and(|x| x == "safetensors") {
-            bytes += std::fs::metadata(&path)
-                .map_err(|e| MlxError::Config(format!("cannot read {}: {e}", path.display())))?
-                .len() as usize;
-        }
-    }
-    Ok(bytes)
+    Ok(safetensors_sizes(dir)?
+        .iter()
+        .map(|(_, b)| *b as usize)
+        .sum())
 }
 
 fn shard_files(dir: &Path) -> MlxResult<Vec<PathBuf>> {

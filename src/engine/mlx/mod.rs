@@ -336,17 +336,7 @@ fn identity(dir: &Path) -> MlxResult<String> {
     let config = std::fs::read(dir.join("config.json"))
         .map_err(|e| MlxError::Config(format!("cannot read config.json: {e}")))?;
     h.update(&config);
-    let mut files: Vec<(String, u64)> = std::fs::read_dir(dir)
-        .map_err(|e| MlxError::Config(format!("cannot list {}: {e}", dir.display())))?
-        .filter_map(|e| e.ok())
-        .filter(|e| e.path().extension().is_some_and(|x| x == "safetensors"))
-        .map(|e| {
-            let size = e.metadata().map_or(0, |m| m.len());
-            (e.file_name().to_string_lossy().into_owned(), size)
-        })
-        .collect();
-    files.sort();
-    for (name, size) in files {
+    for (name, size) in loader::safetensors_sizes(dir)? {
         h.update(name.as_bytes());
         h.update(size.to_le_bytes());
     }
