@@ -10,7 +10,8 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use decisio::bases::{self, Base, BaseArg, BaseError};
 use decisio::engine::mlx::{Device, LoadOptions, MlxEngine, MlxOptions};
-use decisio::engine::vllm::{MethodChoice, VllmEngine, VllmOptions};
+use decisio::engine::vllm::protocol::ModelList;
+use decisio::engine::vllm::{MethodChoice, Padding, VllmEngine, VllmOptions};
 use decisio::engine::{Engine, EngineStatus, MultiQuestion, PadPolicy};
 use decisio::hub::{self, Wanted};
 use decisio::metrics::Metrics;
@@ -217,9 +218,12 @@ struct ServeArgs {
     /// (default with --backend vllm), `none` (default with --backend mlx).
     #[arg(long, value_enum)]
     pad_policy: Option<PadArg>,
-    /// The padding block in tokens (vLLM's prefix-cache block size).
-    #[arg(long, default_value_t = UpstreamLimits::default().pad_block, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=4096))]
-    pad_block: usize,
+    /// The padding block in tokens. Default with --backend vllm: the unit
+    /// of the upstream's prefix-cache hits as its /metrics states it (no
+    /// padding where that is over 64 tokens, as on hybrid models), else 16;
+    /// with --backend mlx: 16.
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=4096))]
+    pad_block: Option<usize>,
     #[command(flatten)]
     upstream: UpstreamArgs,
 }
@@ -387,6 +391,75 @@ fn read_config(dir: &Path) -> serde_json::Value {
     model_config::read(dir).unwrap_or_else(|_| serde_json::json!({}))
 }
 
+/// The model the first upstream serves, for `--backend vllm` without
+/// `--model`: the `root` of its `/v1/models` card (the one named by
+/// `--upstream-model`, else the first), which vLLM sets to what its server
+/// was started with, a Hugging Face repository (taken from the Hugging
+/// Face cache, or downloaded) or a folder (used when this machine has it).
+fn upstream_model(u: &UpstreamArgs) -> Result<String> {
+    let url = u
+        .upstreams
+        .first()
+        .ok_or_else(|| anyhow::anyhow!("the vLLM backend needs at least one --upstream URL"))?;
+    let ask = async {
+        let client = reqwest::Client::builder()
+            .connect_timeout(std::time::Duration::from_secs_f64(
+                u.upstream_connect_timeout,
+            ))
+            .timeout(std::time::Duration::from_secs_f64(u.upstream_probe_timeout))
+            .build()?;
+        let mut request = client.get(format!("{}/v1/models", url.trim_end_matches('/')));
+        if let Some(key) = &u.upstream_api_key {
+            request = request.bearer_auth(key);
+        }
+        request
+            .send()
+            .await?
+            .error_for_status()?
+            .json::<ModelList>()
+            .await
+    };
+    let models = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?
+        .block_on(ask)
+        .with_context(|| {
+            format!(
+                "asking upstream {url} which model it serves (GET /v1/models); start it first, \
+                 or pass --model with the model's repository"
+            )
+        })?;
+    let card = match &u.upstream_model {
+        Some(m) => models.data.iter().find(|c| &c.id == m),
+        None => models.data.first(),
+    }
+    .ok_or_else(|| {
+        anyhow::anyhow!(
+            "upstream {url} lists no model{}",
+            u.upstream_model
+                .as_ref()
+                .map_or(String::new(), |m| format!(" named `{m}`"))
+        )
+    })?;
+    let root = card.root.clone().ok_or_else(|| {
+        anyhow::anyhow!(
+            "upstream {url}'s model card `{}` has no `root`; pass --model with the model's \
+             repository",
+            card.id
+        )
+    })?;
+    if root.starts_with('/') && !Path::new(&root).is_dir() {
+        bail!(
+            "upstream {url} serves `{}` from the folder {root}, which this machine does not \
+             have; pass --model with the model's repository or a copy of its config.json and \
+             tokenizer",
+            card.id
+        );
+    }
+    tracing::info!(upstream = %url, model = %root, "the upstream's model (its /v1/models root)");
+    Ok(root)
+}
+
 /// The base, the conversion folder and the tokenizer folder of a `serve`.
 fn choose_base(args: &ServeArgs) -> Result<(Option<&'static Base>, String, PathBuf, PathBuf)> {
     let mlx = matches!(args.backend, Backend::Mlx);
@@ -417,6 +490,9 @@ fn choose_base(args: &ServeArgs) -> Result<(Option<&'static Base>, String, PathB
     };
     let model = match &args.model {
         Some(m) => m.clone(),
+        // A vLLM upstream says what it serves: the model its server was
+        // started with.
+        None if !mlx => upstream_model(&args.upstream)?,
         None => named
             .unwrap_or_else(bases::default_base)
             .default_conversion()
@@ -427,7 +503,13 @@ fn choose_base(args: &ServeArgs) -> Result<(Option<&'static Base>, String, PathB
     // are never downloaded.
     let config = read_config(&hub::resolve(&model, None, Wanted::Config)?);
     let base = bases::choose(&arg, &model, &config, base_config.as_ref(), mlx)?;
-    let model_dir = hub::resolve(&model, None, Wanted::Model)?;
+    // The vLLM backend builds prompts from config.json and the tokenizer;
+    // the weights stay upstream.
+    let model_dir = if mlx {
+        hub::resolve(&model, None, Wanted::Model)?
+    } else {
+        hub::resolve(&model, None, Wanted::Tokenizer)?
+    };
     let tokenizer_dir = match (&args.tokenizer, base) {
         (Some(t), _) => hub::resolve(t, None, Wanted::Tokenizer)?,
         (None, Some(b)) => {
@@ -479,8 +561,11 @@ fn serve(args: ServeArgs) -> Result<()> {
         ..Limits::default()
     };
     let metrics = Arc::new(Metrics::new());
+    let pad_block = args
+        .pad_block
+        .unwrap_or(UpstreamLimits::default().pad_block);
     let padding = match (args.pad_policy, args.backend) {
-        (Some(PadArg::Block), _) | (None, Backend::Vllm) => PadPolicy::Block(args.pad_block),
+        (Some(PadArg::Block), _) | (None, Backend::Vllm) => PadPolicy::Block(pad_block),
         (Some(PadArg::None), _) | (None, Backend::Mlx) => PadPolicy::None,
     };
     if !matches!(args.backend, Backend::Vllm) && !args.upstream.upstreams.is_empty() {
@@ -515,7 +600,11 @@ fn serve(args: ServeArgs) -> Result<()> {
                         MethodArg::AllowedTokens => MethodChoice::AllowedTokens,
                         MethodArg::TopK => MethodChoice::TopK,
                     },
-                    padding,
+                    padding: match (padding, args.pad_block) {
+                        (PadPolicy::None, _) => Padding::Off,
+                        (PadPolicy::Block(n), Some(_)) => Padding::Fixed(n),
+                        (PadPolicy::Block(n), None) => Padding::Upstream { fallback: n },
+                    },
                     mode: match u.multi_question {
                         ModeArg::Warm => MultiQuestion::Warm,
                         ModeArg::Sequential => MultiQuestion::Sequential,
@@ -540,7 +629,7 @@ fn serve(args: ServeArgs) -> Result<()> {
                         retries: u.upstream_retries,
                         backoff_ms: u.upstream_backoff_ms,
                         fan_out: u.fan_out,
-                        pad_block: args.pad_block,
+                        pad_block,
                         ..UpstreamLimits::default()
                     },
                     metrics: metrics.clone(),

@@ -100,7 +100,10 @@ pub struct UpstreamLimits {
     pub probe_timeout_s: f64,
     /// Seconds between two health checks of each upstream.
     pub health_interval_s: f64,
-    /// Failed checks or calls in a row that eject an upstream from routing.
+    /// Failures with no success between that eject an upstream from
+    /// routing: each failed health check counts, and each distinct request
+    /// that failed for the upstream's own reason (one request failing again
+    /// counts once; a request's own fault counts not at all).
     pub eject_after: u32,
     /// Passed health checks in a row that admit an ejected upstream again.
     pub readmit_after: u32,
@@ -115,6 +118,11 @@ pub struct UpstreamLimits {
     pub fan_out: usize,
     /// The padding block when the upstream does not say its own.
     pub pad_block: usize,
+    /// The largest unit of an upstream's prefix-cache hits that states are
+    /// padded to by default: padding adds up to one unit less a token of
+    /// filler before the questions, so a larger unit (a hybrid model's
+    /// aligned block, hundreds of tokens) turns padding off.
+    pub max_auto_pad_block: usize,
 }
 
 impl Default for UpstreamLimits {
@@ -126,13 +134,14 @@ impl Default for UpstreamLimits {
             generate_timeout_s: 600.0,
             probe_timeout_s: 10.0,
             health_interval_s: 2.0,
-            eject_after: 1,
+            eject_after: 2,
             readmit_after: 2,
             retries: 2,
             backoff_ms: 50,
             max_backoff_ms: 1000,
             fan_out: 32,
             pad_block: 16,
+            max_auto_pad_block: 64,
         }
     }
 }

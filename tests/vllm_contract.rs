@@ -1,12 +1,13 @@
 //! Contract tests of the vLLM backend: a real `decisio serve --backend vllm`
 //! in front of a small HTTP server on 127.0.0.1 that replays answers in the
-//! exact shapes of vLLM's OpenAI server (`tests/fixtures/vllm_contract/`:
-//! `/v1/models` with `max_model_len`, `/health`, `/tokenize`, completions
-//! with `return_tokens_as_token_ids` and `logprob_token_ids`, and its error
-//! bodies, the current `{"error": {…}}` and the older flat one; requests
-//! at vLLM's limits; a pooling server whose embeddings are normalised). The
+//! exact shapes and texts of vLLM's OpenAI server, each taken from a named
+//! version's source (`tests/fixtures/vllm_contract/`, every exchange with
+//! the file it came from: 0.33.0 serving a text-only model, a hybrid
+//! vision model and requests at its limits, a 0.33.0 pooling server whose
+//! embeddings are normalised, and 0.10.1, before `logprob_token_ids`). The
 //! replay server records what the gateway sent, so the tests check both
-//! directions: the requests' fields and the gateway's answers and errors.
+//! directions: the requests' fields and the gateway's answers and errors;
+//! a request that no exchange answers fails the test that sent it.
 
 mod common;
 
@@ -29,11 +30,14 @@ struct Received {
 
 /// Serves recorded exchanges: the first whose method and path are the
 /// request's and whose `match` fields all equal the request body's (a
-/// `null` there: the field is absent or null) gives the answer. A request
-/// no exchange matches is answered 500, naming it.
+/// `null` there: the field is absent or null) gives the answer, its `body`
+/// as JSON or its `text` as plain text. A request no exchange matches is
+/// answered 404 as FastAPI answers an unknown route, and kept in
+/// `unmatched`.
 struct Replay {
     port: u16,
     received: Arc<Mutex<Vec<Received>>>,
+    unmatched: Arc<Mutex<Vec<Received>>>,
 }
 
 fn fixture(name: &str) -> Value {
@@ -64,15 +68,40 @@ impl Replay {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let received = Arc::new(Mutex::new(Vec::new()));
-        let log = received.clone();
+        let unmatched = Arc::new(Mutex::new(Vec::new()));
+        let (log, missed) = (received.clone(), unmatched.clone());
         let exchanges = Arc::new(exchanges);
         std::thread::spawn(move || {
             for stream in listener.incoming().flatten() {
-                let (exchanges, log) = (exchanges.clone(), log.clone());
-                std::thread::spawn(move || serve(stream, &exchanges, &log));
+                let (exchanges, log, missed) = (exchanges.clone(), log.clone(), missed.clone());
+                std::thread::spawn(move || serve(stream, &exchanges, &log, &missed));
             }
         });
-        Replay { port, received }
+        Replay {
+            port,
+            received,
+            unmatched,
+        }
+    }
+
+    /// Fails when the gateway sent anything no exchange answers.
+    fn assert_all_matched(&self) {
+        let missed = self.unmatched.lock().unwrap();
+        assert!(
+            missed.is_empty(),
+            "requests no exchange answers: {missed:?}"
+        );
+    }
+
+    /// The chat completions received, in order.
+    fn chats(&self) -> Vec<Value> {
+        self.received
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|r| r.path == "/v1/chat/completions")
+            .map(|r| r.body.clone())
+            .collect()
     }
 
     fn url(&self) -> String {
@@ -92,7 +121,12 @@ impl Replay {
 }
 
 /// One keep-alive connection: requests with Content-Length bodies.
-fn serve(stream: TcpStream, exchanges: &[Value], log: &Mutex<Vec<Received>>) {
+fn serve(
+    stream: TcpStream,
+    exchanges: &[Value],
+    log: &Mutex<Vec<Received>>,
+    missed: &Mutex<Vec<Received>>,
+) {
     let _ = stream.set_read_timeout(Some(Duration::from_secs(60)));
     let mut writer = stream.try_clone().unwrap();
     let mut reader = BufReader::new(stream);
@@ -132,18 +166,27 @@ fn serve(stream: TcpStream, exchanges: &[Value], log: &Mutex<Vec<Received>>) {
             body: serde_json::from_slice(&body).unwrap_or(Value::Null),
         };
         log.lock().unwrap().push(r.clone());
-        let (status, body) = match exchanges.iter().find(|e| matches(e, &r)) {
-            Some(e) => (
-                e["response"]["status"].as_u64().unwrap() as u16,
-                match &e["response"]["body"] {
-                    Value::Null => String::new(),
-                    b => b.to_string(),
-                },
-            ),
-            None => (500, format!("no recorded exchange for {r:?}")),
+        let (status, kind, body) = match exchanges.iter().find(|e| matches(e, &r)) {
+            Some(e) => {
+                let response = &e["response"];
+                let status = response["status"].as_u64().unwrap() as u16;
+                match (&response["body"], response["text"].as_str()) {
+                    (_, Some(text)) => (status, "text/plain; version=0.0.4", text.to_string()),
+                    (Value::Null, None) => (status, "application/json", String::new()),
+                    (b, None) => (status, "application/json", b.to_string()),
+                }
+            }
+            None => {
+                missed.lock().unwrap().push(r.clone());
+                (
+                    404,
+                    "application/json",
+                    r#"{"detail":"Not Found"}"#.to_string(),
+                )
+            }
         };
         let head = format!(
-            "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+            "HTTP/1.1 {status} X\r\ncontent-type: {kind}\r\ncontent-length: {}\r\n\r\n",
             body.len()
         );
         if writer.write_all(head.as_bytes()).is_err() || writer.write_all(body.as_bytes()).is_err()
@@ -185,10 +228,21 @@ fn probabilities(answer: &Value) -> Vec<f32> {
         .collect()
 }
 
+/// The sampling fields vLLM would otherwise take from the model's
+/// generation_config.json, at `_DEFAULT_SAMPLING_PARAMS`' values
+/// (vllm/entrypoints/openai/completion/protocol.py, 0.33.0).
+fn assert_neutral_sampling(sent: &Value) {
+    assert_eq!(sent["top_k"], 0, "{sent}");
+    assert_eq!(sent["min_p"], 0.0, "{sent}");
+    assert_eq!(sent["repetition_penalty"], 1.0, "{sent}");
+    assert_eq!(sent["presence_penalty"], 0.0, "{sent}");
+    assert_eq!(sent["frequency_penalty"], 0.0, "{sent}");
+}
+
 #[test]
 fn letters_are_read_by_logprob_token_ids_from_vllm_shapes() {
     let replay = Replay::start("logprob_token_ids.json");
-    let gw = gateway(&replay, &["--pad-policy", "none"]);
+    let gw = gateway(&replay, &[]);
     // The probe asked for the 26 letters by id, with logprobs set.
     let probe = &replay.completions()[0];
     assert_eq!(probe["prompt"], json!([49, 50]));
@@ -207,7 +261,10 @@ fn letters_are_read_by_logprob_token_ids_from_vllm_shapes() {
         softmax(&[-2.3125, -0.4375, -1.75, -3.5]),
         "{d}"
     );
-    // cached_tokens (32) is fewer than the state's tokens: not cached.
+    // The upstream's /metrics states 16-token blocks: the state is padded
+    // to them. Nothing of it was cached (cached_tokens 0): a new state.
+    let state_tokens = d["state"]["tokens"].as_u64().unwrap() as usize;
+    assert_eq!(state_tokens % 16, 0, "{d}");
     assert_eq!(d["state"]["cached"], false, "{d}");
     let sent = replay.completions().last().unwrap().clone();
     assert!(sent["prompt"].as_array().unwrap().iter().all(Value::is_u64));
@@ -216,19 +273,37 @@ fn letters_are_read_by_logprob_token_ids_from_vllm_shapes() {
     assert_eq!(sent["return_tokens_as_token_ids"], true);
     assert_eq!(sent["logprob_token_ids"], json!([49, 50, 51, 52]));
     assert_eq!(sent["logprobs"], 1);
+    assert_neutral_sampling(&sent);
 
-    // Two questions in warm mode: the state alone first, then both.
+    // Two questions in warm mode: the state alone first, then both. vLLM
+    // reports the state's tokens less its last block as cached (it never
+    // counts a whole prompt, vllm/v1/core/kv_cache_manager.py): the state
+    // was found.
     let mut two = question();
     let q = two["questions"][0].clone();
     two["questions"] = json!([q, q]);
     let before = replay.completions().len();
     let r = gw.post_json("/v1/decide", &two);
     assert_eq!(r.status, 200, "{}", r.text());
+    let d2 = r.json();
     let sent = replay.completions()[before..].to_vec();
     assert_eq!(sent.len(), 3, "{sent:?}");
     assert!(sent[0].get("logprobs").is_none());
-    let state_tokens = d["state"]["tokens"].as_u64().unwrap() as usize;
     assert_eq!(sent[0]["prompt"].as_array().unwrap().len(), state_tokens);
+    for s in &sent {
+        assert_neutral_sampling(s);
+    }
+    assert_eq!(d2["state"]["cached"], true, "{d2}");
+    let new_states = |gw: &Server| {
+        let text = gw.request("GET", "/metrics", &[], None).unwrap().text();
+        text.lines()
+            .find(|l| l.starts_with("decisio_new_state_seconds_count"))
+            .and_then(|l| l.split_whitespace().last())
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // Only the first decision read its state.
+    assert_eq!(new_states(&gw), 1.0);
 
     // The gateway's /v1/models, /tokenize and /health keep vLLM's shapes.
     let vllm = fixture("logprob_token_ids.json");
@@ -262,6 +337,7 @@ fn letters_are_read_by_logprob_token_ids_from_vllm_shapes() {
     assert_eq!(t["max_model_len"], 2048);
     let h = gw.request("GET", "/health", &[], None).unwrap();
     assert_eq!(h.status, 200);
+    replay.assert_all_matched();
 }
 
 #[test]
@@ -284,6 +360,7 @@ fn an_older_vllm_is_read_by_top_k_from_its_flat_error_body() {
         probabilities(&d["answers"][0]),
         softmax(&[-0.9, -1.2, -2.6, -3.1])
     );
+    replay.assert_all_matched();
 }
 
 fn assert_error(r: &common::Response, status: u16, code: &str, needle: &str) {
@@ -293,6 +370,16 @@ fn assert_error(r: &common::Response, status: u16, code: &str, needle: &str) {
     assert!(e["error"]["type"].is_string(), "{e}");
     let message = e["error"]["message"].as_str().unwrap();
     assert!(message.contains(needle), "{e}");
+}
+
+/// The value of one sample of the gateway's `/metrics`.
+fn metric(gw: &Server, name: &str, labels: &str) -> f64 {
+    let text = gw.request("GET", "/metrics", &[], None).unwrap().text();
+    text.lines()
+        .find(|l| l.starts_with(name) && l.contains(labels))
+        .and_then(|l| l.split_whitespace().last())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {name}{{{labels}}} in {text}"))
 }
 
 #[test]
@@ -307,34 +394,38 @@ fn vllm_errors_become_openai_errors_with_its_message() {
             "1",
             "--max-logprobs",
             "30",
+            "--health-interval",
+            "60",
         ],
     );
-    let completion = |max_tokens: u32| {
-        let mut body = json!({"model": "smollm2", "prompt": "Hello", "max_tokens": max_tokens});
+    let completion = |prompt: &str, max_tokens: u32| {
+        let mut body = json!({"model": "smollm2", "prompt": prompt, "max_tokens": max_tokens});
         if max_tokens == 3 {
             body["logprobs"] = json!(25);
         }
         gw.post_json("/v1/completions", &body)
     };
     assert_error(
-        &completion(3),
+        &completion("Hello", 3),
         502,
         "upstream_error",
-        "Requested sample logprobs of 25, which is greater than max allowed: 20",
+        "Requested sample logprobs of 25, which is greater than max allowed: 20 \
+         (parameter=logprobs, value=25)",
     );
     assert_error(
-        &completion(4),
+        &completion("Hello", 4),
         502,
         "upstream_error",
         "This model's maximum context length is 2048 tokens",
     );
     assert_error(
-        &completion(5),
+        &completion("Hello", 5),
         502,
         "upstream_error",
-        "The model `base` does not exist.",
+        "The model `base` does not exist. Valid aliases: base-v2.",
     );
-    // A 4xx is not retried: one call each.
+    // A 4xx is the request's own: not retried (one call each), and held
+    // against no replica.
     let sent = replay.completions();
     for max_tokens in [3, 4, 5] {
         assert_eq!(
@@ -344,12 +435,15 @@ fn vllm_errors_become_openai_errors_with_its_message() {
             1
         );
     }
+    let url = replay.url();
+    let ejected = |gw: &Server| metric(gw, "decisio_upstream_ejected", &url);
+    assert_eq!(ejected(&gw), 0.0);
     // A 503 is retried, then answered 503 with vLLM's message.
     assert_error(
-        &completion(6),
+        &completion("Hello", 6),
         503,
         "upstream_unavailable",
-        "not ready to serve requests",
+        "Request failed; please retry",
     );
     assert_eq!(
         replay
@@ -359,12 +453,66 @@ fn vllm_errors_become_openai_errors_with_its_message() {
             .count(),
         2
     );
+    // A dead engine's 500 is the replica's fault: retried, and counted once
+    // per distinct request. One request failing twice ejects nothing; a
+    // second, different request does (--eject-after 2).
+    assert_error(
+        &completion("Hello", 7),
+        502,
+        "upstream_error",
+        "The server had an error while processing your request.",
+    );
+    assert_eq!(
+        replay
+            .completions()
+            .iter()
+            .filter(|b| b["max_tokens"] == 7)
+            .count(),
+        2
+    );
+    assert_eq!(ejected(&gw), 0.0);
+    assert_error(
+        &completion("Goodbye", 8),
+        502,
+        "upstream_error",
+        "The server had an error while processing your request.",
+    );
+    assert_eq!(ejected(&gw), 1.0);
+    let r = gw.post_json("/v1/decide", &question());
+    assert_error(&r, 503, "upstream_unavailable", "ejected");
+    replay.assert_all_matched();
+}
+
+/// The image route on a text-only upstream: the probe's image is refused
+/// (vLLM 0.33.0: "base is not a multimodal model", a 400), so the gateway
+/// refuses image parts itself with a 400 naming the model and the part,
+/// and sends nothing.
+#[test]
+fn image_parts_are_refused_naming_the_model_when_the_upstream_takes_none() {
+    let replay = Replay::start("logprob_token_ids.json");
+    let gw = gateway(&replay, &[]);
+    let probes = replay.chats().len();
+    assert_eq!(probes, 1, "the start-up probe's image");
+    let messages = json!([{"role": "user", "content": [
+        {"type": "text", "text": "What is in this picture?"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]);
+    let r = gw.post_json(
+        "/v1/chat/completions",
+        &json!({"model": "smollm2", "messages": messages, "max_tokens": 16}),
+    );
+    assert_refused(&r, "messages[0].content[1]", "base");
+    assert!(r.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("is not a multimodal model"));
+    assert_eq!(replay.chats().len(), probes, "nothing more was sent");
+    replay.assert_all_matched();
 }
 
 #[test]
 fn image_content_parts_are_passed_through_to_the_upstream_chat_route() {
-    let replay = Replay::start("logprob_token_ids.json");
-    let gw = gateway(&replay, &[]);
+    let replay = Replay::start("vision.json");
+    let gw = gateway(&replay, &["--eject-after", "2"]);
     let image = json!({"type": "image_url",
                        "image_url": {"url": "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg=="}});
     let messages = json!([{"role": "user", "content": [
@@ -381,20 +529,30 @@ fn image_content_parts_are_passed_through_to_the_upstream_chat_route() {
         "A red square on a white background."
     );
     // What vLLM received: the messages as sent, the image part included,
-    // under the upstream's model name, with the sampling fields.
-    let sent: Vec<Received> = replay
-        .received
-        .lock()
-        .unwrap()
-        .iter()
-        .filter(|r| r.path == "/v1/chat/completions")
-        .cloned()
-        .collect();
-    assert_eq!(sent.len(), 1);
-    assert_eq!(sent[0].body["model"], "base");
-    assert_eq!(sent[0].body["messages"], messages);
-    assert_eq!(sent[0].body["max_tokens"], 16);
-    assert_eq!(sent[0].body["temperature"], 0.0);
+    // under the upstream's model name, with the sampling fields given and
+    // the rest at their neutral values.
+    let sent = replay.chats().last().unwrap().clone();
+    assert_eq!(sent["model"], "base");
+    assert_eq!(sent["messages"], messages);
+    assert_eq!(sent["max_tokens"], 16);
+    assert_eq!(sent["temperature"], 0.0);
+    assert_neutral_sampling(&sent);
+    // A part of type `image` goes as `image_url` (vLLM has no `image`).
+    let shorthand = json!([{"role": "user", "content": [
+        {"type": "text", "text": "What is in this picture?"},
+        {"type": "image", "image": image["image_url"]["url"]}]}]);
+    let r = gw.post_json(
+        "/v1/chat/completions",
+        &json!({"model": "smollm2", "messages": shorthand, "max_tokens": 16, "temperature": 0}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(replay.chats().last().unwrap()["messages"], messages);
+    let r = gw.post_json(
+        "/v1/chat/completions",
+        &json!({"model": "smollm2", "max_tokens": 16, "messages": [{"role": "user",
+                "content": [{"type": "image", "source": {"data": "AAAA"}}]}]}),
+    );
+    assert_refused(&r, "messages[0].content[0]", "`image` part");
     // Streaming is refused for it, and other fields are checked as usual.
     let r = gw.post_json(
         "/v1/chat/completions",
@@ -408,6 +566,36 @@ fn image_content_parts_are_passed_through_to_the_upstream_chat_route() {
     );
     assert_eq!(r.status, 400, "{}", r.text());
     assert_eq!(r.json()["error"]["param"], "n");
+
+    // Image requests that fail on their own (a 500 of the request's: not a
+    // dead engine) reach their clients with vLLM's message, each sent
+    // once, and count against no replica: every other client's decisions
+    // go on.
+    let before = replay.chats().len();
+    for i in 0..4 {
+        let faulty = json!([{"role": "user", "content": [
+            {"type": "text", "text": format!("Picture {i}: what is in it?")}, image]}]);
+        let r = gw.post_json(
+            "/v1/chat/completions",
+            &json!({"model": "smollm2", "messages": faulty, "max_tokens": 17}),
+        );
+        assert_error(&r, 502, "upstream_error", "requires a multimodal processor");
+    }
+    assert_eq!(replay.chats().len(), before + 4, "not retried");
+    assert_eq!(metric(&gw, "decisio_upstream_ejected", &replay.url()), 0.0);
+    let r = gw.post_json("/v1/decide", &question());
+    assert_eq!(r.status, 200, "{}", r.text());
+    // A hybrid model caches prefixes in 1,056-token blocks: padding a state
+    // to them would put up to 1,055 filler tokens before its questions, so
+    // states are not padded.
+    let tokens = r.json()["state"]["tokens"].as_u64().unwrap();
+    let unpadded = gateway(&replay, &["--pad-policy", "none"])
+        .post_json("/v1/decide", &question())
+        .json()["state"]["tokens"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(tokens, unpadded);
+    replay.assert_all_matched();
 }
 
 /// A 400 in OpenAI's shape naming `param`, its message holding `needle`.
@@ -503,4 +691,73 @@ fn a_normalising_head_upstream_is_refused_naming_the_pooler_flag() {
         "{err}"
     );
     assert!(!err.contains("normalize"), "{err}");
+}
+
+/// `decisio serve --backend vllm --upstream URL` with no `--model`: the
+/// gateway asks the upstream what it serves (`root` of its `/v1/models`
+/// card, what vLLM was started with) and builds prompts with that
+/// repository's config.json and tokenizer from the Hugging Face cache.
+#[test]
+fn a_gateway_given_only_its_upstream_finds_the_model_it_serves() {
+    let replay = Replay::start("logprob_token_ids.json");
+    // A Hugging Face cache holding the served repository's config and
+    // tokenizer (the fixture's files), in the hub's layout.
+    let cache = common::fresh_dir("hf-cache");
+    let commit = "0123456789abcdef0123456789abcdef01234567";
+    let repo = cache.join("models--HuggingFaceTB--SmolLM2-135M-Instruct");
+    let snapshot = repo.join("snapshots").join(commit);
+    std::fs::create_dir_all(&snapshot).unwrap();
+    std::fs::create_dir_all(repo.join("refs")).unwrap();
+    std::fs::write(repo.join("refs/main"), commit).unwrap();
+    let fixture = common::model_dir();
+    for name in [
+        "config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+        "special_tokens_map.json",
+    ] {
+        if fixture.join(name).exists() {
+            std::fs::copy(fixture.join(name), snapshot.join(name)).unwrap();
+        }
+    }
+    let url = replay.url();
+    let env = [
+        ("HF_HUB_CACHE", cache.as_os_str()),
+        ("HF_HUB_OFFLINE", "1".as_ref()),
+    ];
+    let gw = Server::spawn_with(0, None, &env, &["--backend", "vllm", "--upstream", &url]);
+    gw.wait_ready(Duration::from_secs(120));
+    let models = gw.request("GET", "/v1/models", &[], None).unwrap().json();
+    assert_eq!(
+        models["data"][0]["root"], "HuggingFaceTB/SmolLM2-135M-Instruct",
+        "{models}"
+    );
+    let r = gw.post_json("/v1/decide", &question());
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["answers"][0]["letter"], "B");
+
+    // Where the cache lacks it, offline, the start fails naming the
+    // repository and the flag that overrides it.
+    let empty = common::fresh_dir("hf-empty");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_decisio"))
+        .args([
+            "serve",
+            "--backend",
+            "vllm",
+            "--upstream",
+            &url,
+            "--port",
+            "0",
+        ])
+        .env("HF_HUB_CACHE", &empty)
+        .env("HF_HUB_OFFLINE", "1")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("HuggingFaceTB/SmolLM2-135M-Instruct"), "{err}");
+    replay.assert_all_matched();
 }

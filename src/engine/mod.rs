@@ -138,9 +138,9 @@ pub struct Capabilities {
     pub padding: PadPolicy,
     /// The backend's name in error messages (`MLX`, `vLLM`).
     pub name: &'static str,
-    /// Chat completions with image content parts are passed through
-    /// ([`Engine::chat_passthrough`]).
-    pub images: bool,
+    /// Why chat completions with image content parts are refused, or
+    /// `None` where they are passed through ([`Engine::chat_passthrough`]).
+    pub image_refusal: Option<String>,
     /// Hidden states of whole prompts are served ([`Engine::embed`]).
     pub embeddings: bool,
     /// Where the backend returns no hidden states: what would make it
@@ -155,7 +155,11 @@ impl Default for Capabilities {
             modes: vec![MultiQuestion::Sequential],
             padding: PadPolicy::None,
             name: "MLX",
-            images: false,
+            image_refusal: Some(
+                "image content parts are not supported by the MLX backend; the image route is \
+                 served through the vLLM backend"
+                    .into(),
+            ),
             embeddings: true,
             hidden_hint: "",
         }
@@ -354,7 +358,7 @@ pub trait Engine: Send + Sync + 'static {
 
     /// Sends a chat completion body as it is (image content parts included)
     /// to the backend's own chat route and answers it whole. Served only
-    /// where [`Capabilities::images`] says so.
+    /// where [`Capabilities::image_refusal`] is `None`.
     fn chat_passthrough(&self, body: serde_json::Value) -> Result<ChatReceiver, EngineError> {
         let _ = body;
         Err(EngineError::Model(

@@ -180,8 +180,11 @@ pub async fn chat_completions(
     if let Some(d) = &body.decisio {
         return chat_decision(&state, &body, d).await;
     }
-    if validate::has_image_parts(&body.messages) && state.route.engine().capabilities().images {
-        return chat_images(&state, &body).await;
+    if let Some(part) = validate::first_image_part(&body.messages) {
+        return match state.route.engine().capabilities().image_refusal {
+            None => chat_images(&state, &body).await,
+            Some(why) => Err(ApiError::invalid(&part, why).into()),
+        };
     }
     let job = validate::chat(&body, &state.limits)?;
     let route = &state.route;

@@ -132,6 +132,12 @@ pub struct ChatCompletionRequest {
     pub presence_penalty: Option<f64>,
     pub frequency_penalty: Option<f64>,
     pub logit_bias: Option<Map<String, Value>>,
+    /// vLLM's sampling extensions, taken at their neutral values only
+    /// (`top_k` 0 or -1, `min_p` 0, `repetition_penalty` 1).
+    #[serde(default, deserialize_with = "int::opt")]
+    pub top_k: Option<i64>,
+    pub min_p: Option<f64>,
+    pub repetition_penalty: Option<f64>,
     pub user: Option<String>,
     pub response_format: Option<Value>,
     pub tools: Option<Vec<Value>>,
@@ -180,6 +186,12 @@ pub struct CompletionRequest {
     pub presence_penalty: Option<f64>,
     pub frequency_penalty: Option<f64>,
     pub logit_bias: Option<Map<String, Value>>,
+    /// vLLM's sampling extensions, taken at their neutral values only
+    /// (`top_k` 0 or -1, `min_p` 0, `repetition_penalty` 1).
+    #[serde(default, deserialize_with = "int::opt")]
+    pub top_k: Option<i64>,
+    pub min_p: Option<f64>,
+    pub repetition_penalty: Option<f64>,
     #[serde(default, deserialize_with = "int::opt")]
     pub best_of: Option<i64>,
     pub suffix: Option<String>,

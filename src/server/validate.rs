@@ -59,17 +59,41 @@ fn zero_penalty(value: Option<f64>, param: &str) -> Result<(), ApiError> {
     }
 }
 
+/// vLLM's sampling fields beyond OpenAI's, which a request may send at
+/// their neutral values.
+struct NeutralFields {
+    top_k: Option<i64>,
+    min_p: Option<f64>,
+    repetition_penalty: Option<f64>,
+}
+
 /// The sampling features both generation routes refuse: n > 1, penalties,
-/// logit biases.
+/// logit biases, and vLLM's `top_k`, `min_p` and `repetition_penalty` at
+/// other than their neutral values (0 or -1, 0, 1): every backend samples
+/// with temperature and top_p alone.
 fn unsupported_sampling(
     n: Option<i64>,
     presence_penalty: Option<f64>,
     frequency_penalty: Option<f64>,
     logit_bias: &Option<Map<String, Value>>,
+    neutral: &NeutralFields,
 ) -> Result<(), ApiError> {
     single_choice(n)?;
     zero_penalty(presence_penalty, "presence_penalty")?;
     zero_penalty(frequency_penalty, "frequency_penalty")?;
+    if let Some(k) = neutral.top_k.filter(|k| *k != 0 && *k != -1) {
+        return Err(ApiError::invalid(
+            "top_k",
+            format!("`top_k` is not supported (only 0 or -1, every token); got {k}"),
+        ));
+    }
+    zero_penalty(neutral.min_p, "min_p")?;
+    if let Some(p) = neutral.repetition_penalty.filter(|p| *p != 1.0) {
+        return Err(ApiError::invalid(
+            "repetition_penalty",
+            format!("`repetition_penalty` is not supported (only 1); got {p}"),
+        ));
+    }
     if logit_bias.as_ref().is_some_and(|m| !m.is_empty()) {
         return Err(ApiError::invalid(
             "logit_bias",
@@ -208,27 +232,57 @@ fn flatten_content(content: &Value, i: usize) -> Result<Value, ApiError> {
     }
 }
 
-/// Whether any message has an image content part.
-pub fn has_image_parts(messages: &[Value]) -> bool {
-    messages.iter().any(|m| {
-        m.get("content")
-            .and_then(Value::as_array)
-            .is_some_and(|parts| {
-                parts.iter().any(|p| {
-                    matches!(
-                        p.get("type").and_then(Value::as_str),
-                        Some("image_url" | "input_image" | "image")
-                    )
-                })
-            })
+/// The image content parts' types: OpenAI's `image_url`, the Responses
+/// API's `input_image`, and `image`, which the gateway takes as a
+/// shorthand and forwards as `image_url` ([`image_part`]).
+const IMAGE_PARTS: [&str; 3] = ["image_url", "input_image", "image"];
+
+/// Where the first image content part is (`messages[i].content[j]`), if
+/// any message has one.
+pub fn first_image_part(messages: &[Value]) -> Option<String> {
+    messages.iter().enumerate().find_map(|(i, m)| {
+        let parts = m.get("content")?.as_array()?;
+        let j = parts.iter().position(|p| {
+            p.get("type")
+                .and_then(Value::as_str)
+                .is_some_and(|t| IMAGE_PARTS.contains(&t))
+        })?;
+        Some(format!("messages[{i}].content[{j}]"))
     })
+}
+
+/// A content part of type `image` in OpenAI's form, which every upstream
+/// chat route takes (vLLM's has no `image` type,
+/// `docs/design/vllm.md`): `{"type": "image", "image_url": …}`, `{"type":
+/// "image", "image": URL}` and `{"type": "image", "url": URL}` become
+/// `{"type": "image_url", "image_url": {"url": URL}}`; other parts are kept.
+fn image_part(part: &Value, param: &str) -> Result<Value, ApiError> {
+    if part.get("type").and_then(Value::as_str) != Some("image") {
+        return Ok(part.clone());
+    }
+    let url = match (part.get("image_url"), part.get("image"), part.get("url")) {
+        (Some(Value::Object(o)), _, _) => o.get("url").and_then(Value::as_str),
+        (Some(Value::String(u)), _, _) | (None, Some(Value::String(u)), _) => Some(u.as_str()),
+        (None, None, Some(Value::String(u))) => Some(u.as_str()),
+        _ => None,
+    };
+    let url = url.ok_or_else(|| {
+        ApiError::invalid(
+            param,
+            "an `image` part needs its image as `image_url` ({\"url\": URL} or URL), `image` \
+             (URL) or `url` (URL); or send {\"type\": \"image_url\", \"image_url\": {\"url\": \
+             URL}}",
+        )
+    })?;
+    Ok(serde_json::json!({"type": "image_url", "image_url": {"url": url}}))
 }
 
 /// A chat completion with image content parts, for a backend that passes
 /// them through to its upstream's chat route: every field is checked as
 /// for any chat completion (the image parts aside; the upstream checks
 /// those), it is answered whole (no `stream`), and the body sent upstream
-/// carries the messages as the client sent them and the sampling fields it
+/// carries the messages as the client sent them (`image` parts in OpenAI's
+/// `image_url` form, [`image_part`]) and the sampling fields it
 /// gave.
 pub fn chat_passthrough(req: &ChatCompletionRequest, limits: &Limits) -> Result<Value, ApiError> {
     if req.stream {
@@ -245,8 +299,16 @@ pub fn chat_passthrough(req: &ChatCompletionRequest, limits: &Limits) -> Result<
         }
     }
     chat(&text_only, limits)?;
+    let mut messages = req.messages.clone();
+    for (i, m) in messages.iter_mut().enumerate() {
+        if let Some(parts) = m.get_mut("content").and_then(Value::as_array_mut) {
+            for (j, p) in parts.iter_mut().enumerate() {
+                *p = image_part(p, &format!("messages[{i}].content[{j}]"))?;
+            }
+        }
+    }
     let mut body = Map::new();
-    body.insert("messages".into(), Value::Array(req.messages.clone()));
+    body.insert("messages".into(), Value::Array(messages));
     let fields: [(&str, Option<Value>); 10] = [
         ("max_tokens", req.max_tokens.map(Value::from)),
         (
@@ -327,6 +389,11 @@ pub fn chat(req: &ChatCompletionRequest, limits: &Limits) -> Result<ChatJob, Api
         req.presence_penalty,
         req.frequency_penalty,
         &req.logit_bias,
+        &NeutralFields {
+            top_k: req.top_k,
+            min_p: req.min_p,
+            repetition_penalty: req.repetition_penalty,
+        },
     )?;
     unsupported(&req.tools, "tools", "this server does not call tools")?;
     unsupported(
@@ -540,6 +607,11 @@ pub fn completion(req: &CompletionRequest, limits: &Limits) -> Result<Completion
         req.presence_penalty,
         req.frequency_penalty,
         &req.logit_bias,
+        &NeutralFields {
+            top_k: req.top_k,
+            min_p: req.min_p,
+            repetition_penalty: req.repetition_penalty,
+        },
     )?;
     if req.best_of.is_some_and(|b| b != 1) {
         return Err(ApiError::invalid(
@@ -775,6 +847,13 @@ pub fn chat_decision(
     not_for_decisions(
         req.logit_bias.as_ref().is_some_and(|m| !m.is_empty()),
         "logit_bias",
+        "",
+    )?;
+    not_for_decisions(req.top_k.is_some_and(|k| k != 0 && k != -1), "top_k", "")?;
+    not_for_decisions(req.min_p.is_some_and(|p| p != 0.0), "min_p", "")?;
+    not_for_decisions(
+        req.repetition_penalty.is_some_and(|p| p != 1.0),
+        "repetition_penalty",
         "",
     )?;
     not_for_decisions(

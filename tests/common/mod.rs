@@ -109,14 +109,29 @@ impl Server {
         env: &[(&str, &std::ffi::OsStr)],
         extra: &[&str],
     ) -> Server {
+        Self::spawn_with(port, Some(model), env, extra)
+    }
+
+    /// Like [`Server::spawn_model`]; without `--model` when `model` is
+    /// `None`.
+    pub fn spawn_with(
+        port: u16,
+        model: Option<&std::ffi::OsStr>,
+        env: &[(&str, &std::ffi::OsStr)],
+        extra: &[&str],
+    ) -> Server {
+        let model_args: Vec<&std::ffi::OsStr> = match model {
+            Some(m) => vec!["--model".as_ref(), m],
+            None => Vec::new(),
+        };
         let own_state = (!extra.contains(&"--state-dir")).then(|| fresh_dir("state"));
         let state_args: Vec<&std::ffi::OsStr> = match &own_state {
             Some(dir) => vec!["--state-dir".as_ref(), dir.as_os_str()],
             None => Vec::new(),
         };
         let mut child = Command::new(env!("CARGO_BIN_EXE_decisio"))
-            .args(["serve", "--model"])
-            .arg(model)
+            .arg("serve")
+            .args(model_args)
             .args([
                 "--served-model-name",
                 "smollm2",

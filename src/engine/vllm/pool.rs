@@ -6,11 +6,20 @@
 //! prompt for generations). Every admitted upstream gets a weight from the
 //! key and its URL; the request goes to the heaviest, so every question on
 //! one state reaches the replica that holds its prefix, and only the states
-//! of a replica that leaves move. On a connection error, a timeout or a 5xx
-//! the call is repeated on the next upstream in weight order, at most
-//! `retries` times, after a backoff that doubles.
+//! of a replica that leaves move. A failure that is the replica's (no
+//! connection, no answer in time, 502/503/504, vLLM's dead-engine 500) is
+//! counted against it and the call is repeated on the next upstream in
+//! weight order, at most `retries` times, after a backoff that doubles; a
+//! failure that is the request's own ([`Fault::Request`]) is answered to
+//! its client and counted against no one. A replica is ejected after
+//! `eject_after` failures of distinct requests (or health checks) with no
+//! success between, so one client repeating one bad request ejects nothing.
+//!
+//! The pool knows nothing of what it routes: each upstream carries what its
+//! probe learned (`P`), which the caller turns into request bodies.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -18,8 +27,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use super::protocol::error_message;
-use super::LetterMethod;
+use super::protocol::{error_message, ENGINE_DEAD_MESSAGE};
 use crate::engine::EngineError;
 use crate::metrics::Metrics;
 use crate::settings::UpstreamLimits;
@@ -43,14 +51,43 @@ pub enum UpstreamError {
     NoneAvailable(String),
 }
 
+/// Whose fault a failed call is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// The replica's: it cannot take calls now (no connection, no answer in
+    /// time, 502/503/504, or vLLM's dead-engine 500). Counted against it
+    /// and retried on the next replica.
+    Replica,
+    /// Busy (429): retried on the next replica, not counted.
+    Busy,
+    /// The request's own: a 4xx, an unexpected body, or a 500 that is not
+    /// a dead engine (vLLM answers 500 for an exception raised while it
+    /// processed that one request; a replica that is broken for every
+    /// request fails its `/health`, which answers 503 on a dead engine).
+    /// Neither counted nor retried: it would fail alike everywhere.
+    Request,
+}
+
 impl UpstreamError {
+    /// Whose fault it is (`docs/design/vllm.md`, "Faults").
+    pub fn fault(&self) -> Fault {
+        match self {
+            UpstreamError::Connect { .. } | UpstreamError::Timeout { .. } => Fault::Replica,
+            UpstreamError::Status {
+                status, message, ..
+            } => match status {
+                429 => Fault::Busy,
+                502..=504 => Fault::Replica,
+                500 if message.contains(ENGINE_DEAD_MESSAGE) => Fault::Replica,
+                _ => Fault::Request,
+            },
+            UpstreamError::Invalid { .. } | UpstreamError::NoneAvailable(_) => Fault::Request,
+        }
+    }
+
     /// Whether the same call may go to another upstream.
     pub fn retryable(&self) -> bool {
-        match self {
-            UpstreamError::Connect { .. } | UpstreamError::Timeout { .. } => true,
-            UpstreamError::Status { status, .. } => *status >= 500 || *status == 429,
-            UpstreamError::Invalid { .. } | UpstreamError::NoneAvailable(_) => false,
-        }
+        self.fault() != Fault::Request
     }
 
     /// The `outcome` label of the upstream request metric.
@@ -83,32 +120,35 @@ impl From<UpstreamError> for EngineError {
     }
 }
 
-/// What the start-up probe learned about one upstream.
-#[derive(Clone, Debug)]
-pub struct Probed {
-    /// The model name it serves (sent as `model`).
-    pub model: String,
-    pub max_model_len: Option<usize>,
-    /// How option letters are read (a head upstream reads none: it holds
-    /// the default, unused).
-    pub method: LetterMethod,
-    /// The width of a head upstream's embeddings (`None` on the
-    /// completions upstreams).
-    pub hidden_size: Option<usize>,
+/// The replica's failures since its last success: each distinct request
+/// counts once (one client repeating one request is one failure), and each
+/// failed health check counts.
+#[derive(Default)]
+struct Failures {
+    /// Digests of the failed requests' routing keys, and one entry per
+    /// failed check.
+    seen: Vec<u64>,
 }
 
-/// One upstream server and what routing knows of it.
-pub struct Upstream {
+/// One upstream server and what routing knows of it. `P` is what its probe
+/// learned (the model it serves and how to ask it), opaque to routing.
+pub struct Upstream<P> {
     pub url: String,
-    pub probed: Mutex<Option<Probed>>,
+    probed: Mutex<Option<P>>,
     ejected: AtomicBool,
-    failures: AtomicU32,
+    failures: Mutex<Failures>,
     successes: AtomicU32,
 }
 
-impl Upstream {
-    pub fn probed(&self) -> Option<Probed> {
+impl<P: Clone> Upstream<P> {
+    pub fn probed(&self) -> Option<P> {
         self.probed.lock().ok().and_then(|p| p.clone())
+    }
+
+    pub fn set_probed(&self, p: P) {
+        if let Ok(mut g) = self.probed.lock() {
+            *g = Some(p);
+        }
     }
 
     pub fn is_ejected(&self) -> bool {
@@ -117,12 +157,14 @@ impl Upstream {
 }
 
 /// The upstreams and the HTTP client that calls them.
-pub struct Pool {
-    pub upstreams: Vec<Arc<Upstream>>,
+pub struct Pool<P> {
+    pub upstreams: Vec<Arc<Upstream<P>>>,
     client: reqwest::Client,
     api_key: Option<String>,
     pub limits: UpstreamLimits,
     metrics: Arc<Metrics>,
+    /// Numbers failed health checks, so each counts as a distinct failure.
+    checks: AtomicU64,
 }
 
 /// The rendezvous weight of an upstream for a key.
@@ -134,7 +176,7 @@ fn weight(key: &[u8], url: &str) -> u64 {
     u64::from_be_bytes(d[..8].try_into().unwrap_or_default())
 }
 
-impl Pool {
+impl<P: Clone> Pool<P> {
     pub fn new(
         urls: &[String],
         api_key: Option<String>,
@@ -156,7 +198,7 @@ impl Pool {
                     probed: Mutex::new(None),
                     // Admitted once probed.
                     ejected: AtomicBool::new(true),
-                    failures: AtomicU32::new(0),
+                    failures: Mutex::new(Failures::default()),
                     successes: AtomicU32::new(0),
                 })
             })
@@ -167,12 +209,13 @@ impl Pool {
             api_key,
             limits,
             metrics,
+            checks: AtomicU64::new(0),
         })
     }
 
     /// The admitted upstreams, heaviest first for `key`.
-    pub fn order(&self, key: &[u8]) -> Vec<Arc<Upstream>> {
-        let mut admitted: Vec<(u64, Arc<Upstream>)> = self
+    pub fn order(&self, key: &[u8]) -> Vec<Arc<Upstream<P>>> {
+        let mut admitted: Vec<(u64, Arc<Upstream<P>>)> = self
             .upstreams
             .iter()
             .filter(|u| !u.is_ejected())
@@ -182,7 +225,7 @@ impl Pool {
         admitted.into_iter().map(|(_, u)| u).collect()
     }
 
-    fn set_ejected(&self, u: &Upstream, ejected: bool) {
+    fn set_ejected(&self, u: &Upstream<P>, ejected: bool) {
         let was = u.ejected.swap(ejected, Ordering::Relaxed);
         if was != ejected {
             if ejected {
@@ -197,19 +240,40 @@ impl Pool {
             .set(i64::from(ejected));
     }
 
-    /// Counts a failed call or check; ejects after `eject_after` in a row.
-    pub fn failed(&self, u: &Upstream) {
+    /// Counts a failure of the replica's own: a failed health check
+    /// (`key` `None`, always a new failure) or a request that failed for a
+    /// [`Fault::Replica`] reason (counted once per distinct key). Ejects
+    /// once `eject_after` distinct failures came without a success between.
+    pub fn failed(&self, u: &Upstream<P>, key: Option<&[u8]>) {
         u.successes.store(0, Ordering::Relaxed);
-        let n = u.failures.fetch_add(1, Ordering::Relaxed) + 1;
-        if n >= self.limits.eject_after {
+        let id = match key {
+            Some(k) => weight(k, ""),
+            None => self.checks.fetch_add(1, Ordering::Relaxed) | (1 << 63),
+        };
+        let n = match u.failures.lock() {
+            Ok(mut f) => {
+                if !f.seen.contains(&id) {
+                    f.seen.push(id);
+                }
+                f.seen.len()
+            }
+            Err(_) => return,
+        };
+        if n >= self.limits.eject_after as usize {
             self.set_ejected(u, true);
+        }
+    }
+
+    fn clear_failures(&self, u: &Upstream<P>) {
+        if let Ok(mut f) = u.failures.lock() {
+            f.seen.clear();
         }
     }
 
     /// Counts a passed check; admits a probed upstream after `readmit_after`
     /// in a row.
-    pub fn passed(&self, u: &Upstream) {
-        u.failures.store(0, Ordering::Relaxed);
+    pub fn passed(&self, u: &Upstream<P>) {
+        self.clear_failures(u);
         let n = u.successes.fetch_add(1, Ordering::Relaxed) + 1;
         if u.is_ejected() && n >= self.limits.readmit_after && u.probed().is_some() {
             self.set_ejected(u, false);
@@ -217,9 +281,70 @@ impl Pool {
     }
 
     /// Admits an upstream at once (after its first successful probe).
-    pub fn admit(&self, u: &Upstream) {
-        u.failures.store(0, Ordering::Relaxed);
+    pub fn admit(&self, u: &Upstream<P>) {
+        self.clear_failures(u);
         self.set_ejected(u, false);
+    }
+
+    /// Probes every upstream at once, keeps what each probe learned and
+    /// admits those that passed. Returns each upstream's outcome.
+    pub async fn probe_all<F, Fut>(
+        &self,
+        probe: F,
+    ) -> Vec<(Arc<Upstream<P>>, Result<P, UpstreamError>)>
+    where
+        F: Fn(Arc<Upstream<P>>) -> Fut,
+        Fut: Future<Output = Result<P, UpstreamError>>,
+    {
+        let all = self.upstreams.iter().map(|u| {
+            let probed = probe(u.clone());
+            async move { (u.clone(), probed.await) }
+        });
+        let results = futures::future::join_all(all).await;
+        for (u, r) in &results {
+            if let Ok(p) = r {
+                u.set_probed(p.clone());
+                self.admit(u);
+            }
+        }
+        results
+    }
+
+    /// One round of health checks: `GET /health` on every upstream, a
+    /// failure counted against it; an ejected upstream that answers is
+    /// probed again (it may have restarted with other settings) before its
+    /// pass counts towards re-admission.
+    pub async fn check_health<F, Fut>(&self, probe: F)
+    where
+        F: Fn(Arc<Upstream<P>>) -> Fut,
+        Fut: Future<Output = Result<P, UpstreamError>>,
+    {
+        let timeout = Duration::from_secs_f64(self.limits.probe_timeout_s.max(0.001));
+        let checks = self.upstreams.iter().map(|u| {
+            let reprobe = probe(u.clone());
+            async move {
+                let healthy = self
+                    .call::<(), serde_json::Value>(u, "/health", None, timeout)
+                    .await
+                    .is_ok();
+                if !healthy {
+                    self.failed(u, None);
+                    return;
+                }
+                if u.is_ejected() {
+                    match reprobe.await {
+                        Ok(p) => u.set_probed(p),
+                        Err(e) => {
+                            tracing::warn!("upstream {} failed its probe: {e}", u.url);
+                            self.failed(u, None);
+                            return;
+                        }
+                    }
+                }
+                self.passed(u);
+            }
+        });
+        futures::future::join_all(checks).await;
     }
 
     fn request(&self, builder: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
@@ -232,11 +357,42 @@ impl Pool {
     /// One call to one upstream, timed and counted.
     pub async fn call<B: Serialize, T: DeserializeOwned>(
         &self,
-        u: &Upstream,
+        u: &Upstream<P>,
         path: &str,
         body: Option<&B>,
         timeout: Duration,
     ) -> Result<T, UpstreamError> {
+        let bytes = self.call_raw(u, path, body, timeout).await?;
+        let text: &[u8] = if bytes.is_empty() {
+            // `/health` answers 200 with no body.
+            b"null"
+        } else {
+            &bytes
+        };
+        serde_json::from_slice(text).map_err(|e| UpstreamError::Invalid {
+            url: u.url.clone(),
+            message: e.to_string(),
+        })
+    }
+
+    /// One call to one upstream whose answer is read as text (`/metrics`).
+    pub async fn get_text(
+        &self,
+        u: &Upstream<P>,
+        path: &str,
+        timeout: Duration,
+    ) -> Result<String, UpstreamError> {
+        let bytes = self.call_raw::<()>(u, path, None, timeout).await?;
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    }
+
+    async fn call_raw<B: Serialize>(
+        &self,
+        u: &Upstream<P>,
+        path: &str,
+        body: Option<&B>,
+        timeout: Duration,
+    ) -> Result<Vec<u8>, UpstreamError> {
         let url = format!("{}{path}", u.url);
         let in_flight = self.metrics.upstream_in_flight.with_label_values(&[&u.url]);
         in_flight.inc();
@@ -258,13 +414,13 @@ impl Pool {
         result
     }
 
-    async fn send<B: Serialize, T: DeserializeOwned>(
+    async fn send<B: Serialize>(
         &self,
         url: &str,
         base: &str,
         body: Option<&B>,
         timeout: Duration,
-    ) -> Result<T, UpstreamError> {
+    ) -> Result<Vec<u8>, UpstreamError> {
         let builder = match body {
             Some(b) => self.client.post(url).json(b),
             None => self.client.get(url),
@@ -303,33 +459,24 @@ impl Pool {
                 message: error_message(&bytes),
             });
         }
-        if bytes.is_empty() {
-            // `/health` answers 200 with no body.
-            return serde_json::from_slice(b"null").map_err(|e| UpstreamError::Invalid {
-                url: base.to_string(),
-                message: e.to_string(),
-            });
-        }
-        serde_json::from_slice(&bytes).map_err(|e| UpstreamError::Invalid {
-            url: base.to_string(),
-            message: e.to_string(),
-        })
+        Ok(bytes.to_vec())
     }
 
     /// A call that is safe to repeat, on the heaviest admitted upstream for
-    /// `key`, then the next ones on retryable failures. `make` builds the
-    /// body for the chosen upstream (its model name and reading method).
+    /// `key`, then the next ones on failures that are not the request's
+    /// own ([`Fault`]). `make` builds the body for the chosen upstream from
+    /// what its probe learned.
     pub async fn call_routed<B, T, F>(
         &self,
         key: &[u8],
         path: &str,
         timeout: Duration,
         make: F,
-    ) -> Result<(Probed, T), UpstreamError>
+    ) -> Result<(P, T), UpstreamError>
     where
         B: Serialize,
         T: DeserializeOwned,
-        F: Fn(&Probed) -> B,
+        F: Fn(&P) -> B,
     {
         let order = self.order(key);
         if order.is_empty() {
@@ -351,13 +498,20 @@ impl Pool {
             let Some(probed) = u.probed() else { continue };
             let body = make(&probed);
             match self.call(u, path, Some(&body), timeout).await {
-                Ok(v) => return Ok((probed, v)),
-                Err(e) if e.retryable() => {
-                    tracing::warn!("{e}; {} attempts left", attempts.saturating_sub(i + 1));
-                    self.failed(u);
-                    last = Some(e);
+                Ok(v) => {
+                    self.clear_failures(u);
+                    return Ok((probed, v));
                 }
-                Err(e) => return Err(e),
+                Err(e) => match e.fault() {
+                    Fault::Request => return Err(e),
+                    fault => {
+                        tracing::warn!("{e}; {} attempts left", attempts.saturating_sub(i + 1));
+                        if fault == Fault::Replica {
+                            self.failed(u, Some(key));
+                        }
+                        last = Some(e);
+                    }
+                },
             }
         }
         Err(last.unwrap_or_else(|| UpstreamError::NoneAvailable("no upstream was tried".into())))
@@ -368,7 +522,7 @@ impl Pool {
 mod tests {
     use super::*;
 
-    fn pool(urls: &[&str]) -> Pool {
+    fn pool(urls: &[&str]) -> Pool<String> {
         let urls: Vec<String> = urls.iter().map(|s| s.to_string()).collect();
         let p = Pool::new(
             &urls,
@@ -387,7 +541,7 @@ mod tests {
     fn rendezvous_moves_only_the_keys_of_a_replica_that_leaves() {
         let p = pool(&["http://a:1", "http://b:1", "http://c:1"]);
         let keys: Vec<[u8; 8]> = (0u64..3000).map(|i| i.to_le_bytes()).collect();
-        let first = |p: &Pool, k: &[u8]| p.order(k)[0].url.clone();
+        let first = |p: &Pool<String>, k: &[u8]| p.order(k)[0].url.clone();
         let before: Vec<String> = keys.iter().map(|k| first(&p, k)).collect();
         // Spread over all three, roughly evenly.
         for url in ["http://a:1", "http://b:1", "http://c:1"] {
@@ -411,34 +565,62 @@ mod tests {
     }
 
     #[test]
-    fn ejection_and_readmission_follow_the_counts() {
-        let p = pool(&["http://a:1"]);
+    fn ejection_needs_distinct_failures_and_readmission_passed_checks() {
+        let limits = UpstreamLimits {
+            eject_after: 2,
+            ..UpstreamLimits::default()
+        };
+        let p: Pool<String> = Pool::new(
+            &["http://a:1".to_string()],
+            None,
+            limits,
+            Arc::new(Metrics::new()),
+        )
+        .unwrap();
         let u = &p.upstreams[0];
-        *u.probed.lock().unwrap() = Some(Probed {
-            model: "m".into(),
-            max_model_len: None,
-            method: LetterMethod::TokenIds,
-            hidden_size: None,
-        });
-        p.failed(u);
-        assert!(u.is_ejected(), "eject_after is 1");
+        u.set_probed("m".into());
+        p.admit(u);
+        // One request failing again and again is one failure.
+        for _ in 0..5 {
+            p.failed(u, Some(b"request one"));
+        }
+        assert!(!u.is_ejected());
+        // A second request's failure makes two.
+        p.failed(u, Some(b"request two"));
+        assert!(u.is_ejected());
         p.passed(u);
         assert!(u.is_ejected(), "readmit_after is 2");
         p.passed(u);
         assert!(!u.is_ejected());
         assert!(p.order(b"k").len() == 1);
+        // Failed health checks are distinct failures each.
+        p.failed(u, None);
+        assert!(!u.is_ejected());
+        p.failed(u, None);
+        assert!(u.is_ejected());
     }
 
     #[test]
-    fn only_transient_failures_are_retried() {
-        let status = |s| UpstreamError::Status {
+    fn only_the_replicas_faults_are_retried_and_counted() {
+        let status = |s, m: &str| UpstreamError::Status {
             url: "u".into(),
             status: s,
-            message: String::new(),
+            message: m.into(),
         };
-        assert!(status(500).retryable());
-        assert!(status(503).retryable());
-        assert!(!status(400).retryable());
+        assert_eq!(status(502, "").fault(), Fault::Replica);
+        assert_eq!(status(503, "").fault(), Fault::Replica);
+        assert_eq!(status(504, "").fault(), Fault::Replica);
+        assert_eq!(status(500, ENGINE_DEAD_MESSAGE).fault(), Fault::Replica);
+        assert_eq!(status(429, "").fault(), Fault::Busy);
+        // A 500 raised while processing one request, and any 4xx, are the
+        // request's.
+        assert_eq!(
+            status(500, "m is not a multimodal model").fault(),
+            Fault::Request
+        );
+        assert_eq!(status(400, "").fault(), Fault::Request);
+        assert!(!status(500, "Internal Server Error").retryable());
+        assert!(status(429, "").retryable());
         assert!(UpstreamError::Timeout {
             url: "u".into(),
             seconds: 1.0
@@ -450,11 +632,11 @@ mod tests {
         }
         .retryable());
         assert!(matches!(
-            EngineError::from(status(400)),
+            EngineError::from(status(400, "")),
             EngineError::Upstream(_)
         ));
         assert!(matches!(
-            EngineError::from(status(503)),
+            EngineError::from(status(503, "")),
             EngineError::UpstreamUnavailable(_)
         ));
     }

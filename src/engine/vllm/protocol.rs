@@ -1,9 +1,11 @@
 //! The subset of vLLM's OpenAI server this backend speaks, as typed structs:
-//! `GET /v1/models`, `GET /health` and `POST /v1/completions` with token-id
-//! prompts, `logprobs`, `echo`, and vLLM's extra fields
-//! (`logprob_token_ids`, `allowed_token_ids`, `return_tokens_as_token_ids`,
-//! `ignore_eos`). Field names follow vLLM's `CompletionRequest` and
-//! `CompletionResponse` (vllm/entrypoints/openai/completion/protocol.py).
+//! `GET /v1/models`, `GET /health`, `GET /metrics` (its cache configuration
+//! only) and `POST /v1/completions` with token-id prompts, `logprobs`,
+//! `echo`, and vLLM's extra fields (`logprob_token_ids`,
+//! `allowed_token_ids`, `return_tokens_as_token_ids`, `ignore_eos`, the
+//! sampling fields `top_k`, `min_p`, `repetition_penalty`). Field names
+//! follow vLLM 0.33.0's `CompletionRequest` and `CompletionResponse`
+//! (vllm/entrypoints/openai/completion/protocol.py).
 //! The head upstream is sent `POST /v1/embeddings` with one token-id input
 //! and `encoding_format: "base64"` (OpenAI's shape, which vLLM's pooling
 //! server and decisio's MLX backend both serve).
@@ -12,8 +14,14 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
-/// A completion request; unset fields are left out, so an upstream that
-/// does not know an extension is not sent it.
+/// vLLM's answer, with status 500, to every request once its engine core
+/// has died (`EngineDeadError.CLIENT_MESSAGE`, vllm/v1/engine/exceptions.py;
+/// mapped in vllm/entrypoints/serve/exception_handling/error_response.py).
+/// Its `/health` then answers 503 (serve/instrumentator/health.py).
+pub const ENGINE_DEAD_MESSAGE: &str = "The server had an error while processing your request.";
+
+/// A completion request; unset extensions are left out, so an upstream
+/// that does not know one is not sent it.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct CompletionRequest {
     pub model: String,
@@ -23,6 +31,11 @@ pub struct CompletionRequest {
     pub temperature: Option<f32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub top_p: Option<f32>,
+    /// The sampling fields the MLX backend does not apply, sent at their
+    /// neutral values ([`CompletionRequest::new`]): vLLM otherwise takes
+    /// them from the model's generation_config.json.
+    #[serde(flatten)]
+    pub neutral: Option<NeutralSampling>,
     /// Signed, as vLLM takes it (`ge=-(2**63)`, `le=2**63 - 1`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub seed: Option<i64>,
@@ -38,6 +51,139 @@ pub struct CompletionRequest {
     pub return_tokens_as_token_ids: bool,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub ignore_eos: bool,
+}
+
+/// The sampling fields vLLM fills from the model's `generation_config.json`
+/// when a request leaves them unset (`--generation-config auto`, its
+/// default: `get_diff_sampling_param` in vllm/config/model.py; the request
+/// value, then that default, then `_DEFAULT_SAMPLING_PARAMS` of
+/// completion/protocol.py), which the MLX backend never applies. Sent at
+/// `_DEFAULT_SAMPLING_PARAMS`' values, the neutral ones, so one request
+/// samples alike on both backends.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct NeutralSampling {
+    /// 0: every token is kept.
+    pub top_k: i64,
+    pub min_p: f32,
+    pub repetition_penalty: f32,
+    pub presence_penalty: f32,
+    pub frequency_penalty: f32,
+}
+
+impl NeutralSampling {
+    pub const VALUES: NeutralSampling = NeutralSampling {
+        top_k: 0,
+        min_p: 0.0,
+        repetition_penalty: 1.0,
+        presence_penalty: 0.0,
+        frequency_penalty: 0.0,
+    };
+}
+
+impl CompletionRequest {
+    /// A completion of at most `max_tokens` after `prompt`, its tokens
+    /// named by id, every sampling field the MLX backend does not apply at
+    /// its neutral value, and no log-probabilities asked (yet).
+    pub fn new(model: &str, prompt: Vec<u32>, max_tokens: usize) -> Self {
+        CompletionRequest {
+            model: model.to_string(),
+            prompt,
+            max_tokens,
+            neutral: Some(NeutralSampling::VALUES),
+            return_tokens_as_token_ids: true,
+            ..Default::default()
+        }
+    }
+
+    /// Greedy: one of [`CompletionRequest::new`] at temperature 0.
+    pub fn greedy(model: &str, prompt: Vec<u32>, max_tokens: usize) -> Self {
+        CompletionRequest {
+            temperature: Some(0.0),
+            ..CompletionRequest::new(model, prompt, max_tokens)
+        }
+    }
+}
+
+/// What an upstream's `/metrics` says of its prefix cache: the labels of
+/// vLLM's `vllm:cache_config_info` gauge, one per field of its
+/// `CacheConfig`, each value `str()` of the Python value
+/// (`CacheConfig.metrics_info`, vllm/config/cache.py;
+/// `PrometheusStatLogger.log_metrics_info`, vllm/v1/metrics/loggers.py).
+/// It is set once the engine is up, so `block_size` is the size in use,
+/// after a hybrid model's alignment
+/// (`Platform._align_hybrid_block_size`, vllm/platforms/interface.py).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CacheInfo {
+    /// The scheduler's block, in tokens.
+    pub block_size: usize,
+    /// Where prefix-cache hits land, in tokens (`cache_hit_alignment_tokens`,
+    /// from vLLM 0.33; the block size where absent).
+    pub hit_unit: usize,
+    pub prefix_caching: bool,
+    /// `mamba_cache_mode` (`align` on a hybrid model with prefix caching),
+    /// when stated and not `none`.
+    pub mamba_cache_mode: Option<String>,
+}
+
+/// Reads [`CacheInfo`] off a Prometheus text exposition, from the first
+/// `vllm:cache_config_info` sample (one per data-parallel engine, alike).
+pub fn cache_info(exposition: &str) -> Option<CacheInfo> {
+    let line = exposition
+        .lines()
+        .find(|l| l.starts_with("vllm:cache_config_info{"))?;
+    let labels = prometheus_labels(line)?;
+    let get = |k: &str| {
+        labels
+            .iter()
+            .find(|(n, _)| n == k)
+            .map(|(_, v)| v.as_str())
+            .filter(|v| *v != "None")
+    };
+    let block_size: usize = get("block_size")?.parse().ok()?;
+    let hit_unit = get("cache_hit_alignment_tokens")
+        .and_then(|v| v.parse().ok())
+        .filter(|&n: &usize| n > 0)
+        .unwrap_or(block_size);
+    Some(CacheInfo {
+        block_size,
+        hit_unit,
+        prefix_caching: get("enable_prefix_caching") == Some("True"),
+        mamba_cache_mode: get("mamba_cache_mode")
+            .filter(|m| *m != "none")
+            .map(str::to_string),
+    })
+}
+
+/// The labels of one sample line `name{a="x",b="y"} value`, unescaped
+/// (`\\`, `\"`, `\n`, as the text format escapes them).
+fn prometheus_labels(line: &str) -> Option<Vec<(String, String)>> {
+    let body = &line[line.find('{')? + 1..];
+    let mut out = Vec::new();
+    let mut chars = body.chars().peekable();
+    loop {
+        while chars.peek().is_some_and(|c| *c == ',' || c.is_whitespace()) {
+            chars.next();
+        }
+        if chars.peek() == Some(&'}') {
+            return Some(out);
+        }
+        let name: String = chars.by_ref().take_while(|c| *c != '=').collect();
+        if chars.next()? != '"' {
+            return None;
+        }
+        let mut value = String::new();
+        loop {
+            match chars.next()? {
+                '"' => break,
+                '\\' => match chars.next()? {
+                    'n' => value.push('\n'),
+                    c => value.push(c),
+                },
+                c => value.push(c),
+            }
+        }
+        out.push((name.trim().to_string(), value));
+    }
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -86,6 +232,11 @@ pub struct ModelList {
 #[derive(Clone, Debug, Deserialize)]
 pub struct ModelCard {
     pub id: String,
+    /// What the server was started with: vLLM's `args.model`, the Hugging
+    /// Face repository or folder it loaded (`root` of vLLM's `ModelCard`,
+    /// vllm/entrypoints/serve/engine/protocol.py).
+    #[serde(default)]
+    pub root: Option<String>,
     #[serde(default)]
     pub max_model_len: Option<usize>,
 }
@@ -222,7 +373,7 @@ mod tests {
     }
 
     #[test]
-    fn leaves_out_unset_extensions() {
+    fn leaves_out_unset_extensions_and_sends_neutral_sampling() {
         let body = serde_json::to_value(CompletionRequest {
             model: "m".into(),
             prompt: vec![1, 2],
@@ -234,5 +385,39 @@ mod tests {
             body,
             serde_json::json!({"model": "m", "prompt": [1, 2], "max_tokens": 1})
         );
+        let body = serde_json::to_value(CompletionRequest::greedy("m", vec![1], 1)).unwrap();
+        assert_eq!(
+            body,
+            serde_json::json!({"model": "m", "prompt": [1], "max_tokens": 1,
+                "temperature": 0.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0,
+                "presence_penalty": 0.0, "frequency_penalty": 0.0,
+                "return_tokens_as_token_ids": true})
+        );
+    }
+
+    #[test]
+    fn reads_the_cache_configuration_off_vllm_metrics() {
+        let text = "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n\
+            # TYPE vllm:cache_config_info gauge\n\
+            vllm:cache_config_info{block_size=\"1056\",user_specified_block_size=\"False\",\
+            enable_prefix_caching=\"True\",mamba_cache_mode=\"align\",\
+            kv_cache_dtype_skip_layers=\"[]\",hash_block_size=\"1056\",\
+            cache_hit_alignment_tokens=\"1056\",engine=\"0\"} 1.0\n";
+        assert_eq!(
+            cache_info(text),
+            Some(CacheInfo {
+                block_size: 1056,
+                hit_unit: 1056,
+                prefix_caching: true,
+                mamba_cache_mode: Some("align".into()),
+            })
+        );
+        let text = "vllm:cache_config_info{block_size=\"16\",enable_prefix_caching=\"False\",\
+            mamba_cache_mode=\"None\",cache_hit_alignment_tokens=\"None\",engine=\"0\"} 1.0";
+        let info = cache_info(text).unwrap();
+        assert_eq!((info.block_size, info.hit_unit), (16, 16));
+        assert!(!info.prefix_caching);
+        assert_eq!(info.mamba_cache_mode, None);
+        assert_eq!(cache_info("decisio_requests_total 3"), None);
     }
 }
