@@ -95,6 +95,58 @@ fn compose_file_follows_the_compose_specification() {
         .unwrap();
     assert!(cap >= 26, "--max-logprobs={cap}");
     assert!(vllm_args.contains(&"--enable-prefix-caching"));
+    assert!(vllm_args.contains(&"--enable-prompt-tokens-details"));
+    assert!(vllm_args.contains(&"--generation-config=vllm"));
+    // By default it serves the Qwen base's vLLM checkpoint, on a pinned
+    // vLLM of 0.26 or later (the first with logprob_token_ids); the
+    // gateway takes the model from it (no --model) and pads to its block.
+    assert!(
+        vllm_args.contains(&"--model=${DECISIO_BASE:-Qwen/Qwen3.6-35B-A3B-FP8}"),
+        "{vllm_args:?}"
+    );
+    let version = |image: &str| -> (u32, u32) {
+        let tag = image
+            .rsplit_once(":-v")
+            .map(|(_, t)| t.trim_end_matches('}'))
+            .unwrap_or_else(|| panic!("{image}: no pinned version"));
+        let mut parts = tag.split('.').map(|p| p.parse::<u32>().unwrap());
+        (parts.next().unwrap(), parts.next().unwrap())
+    };
+    for name in ["vllm", "vllm-pooling"] {
+        let image = c["services"][name]["image"].as_str().unwrap();
+        assert!(version(image) >= (0, 26), "{name}: {image}");
+    }
+    assert!(!args.iter().any(|a| a.starts_with("--model")), "{args:?}");
+    assert!(!args.iter().any(|a| a.starts_with("--pad-")), "{args:?}");
+    // The intent-heads profile: a pooling server of the same model with the
+    // pooler flags vLLM 0.14 and later take, and a gateway reading it.
+    let strings = |service: &str| -> Vec<String> {
+        c["services"][service]["command"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap().to_string())
+            .collect()
+    };
+    let pooling = strings("vllm-pooling");
+    assert_eq!(c["services"]["vllm-pooling"]["profiles"][0], "intent-heads");
+    assert!(pooling.contains(&"--model=${DECISIO_BASE:-Qwen/Qwen3.6-35B-A3B-FP8}".into()));
+    assert!(pooling.contains(&"--runner=pooling".into()));
+    let pooler = pooling
+        .iter()
+        .find_map(|a| a.strip_prefix("--pooler-config="))
+        .expect("--pooler-config");
+    let pooler: Value = serde_json::from_str(pooler).unwrap();
+    assert_eq!(
+        pooler,
+        json!({"pooling_type": "LAST", "use_activation": false})
+    );
+    let heads = strings("gateway-heads");
+    assert_eq!(
+        c["services"]["gateway-heads"]["profiles"][0],
+        "intent-heads"
+    );
+    assert!(heads.contains(&"--head-upstream=http://vllm-pooling:8001".into()));
     // Every file mounted from the checkout exists.
     for (_, service) in services {
         for volume in service["volumes"].as_sequence().into_iter().flatten() {

@@ -93,12 +93,33 @@ fn answers_and_refuses_bad_input() {
         ("n", json!(2)),
         ("presence_penalty", json!(0.5)),
         ("top_logprobs", json!(3)),
+        ("top_k", json!(40)),
+        ("min_p", json!(0.05)),
+        ("repetition_penalty", json!(1.1)),
     ] {
         let mut bad = chat("hi");
         bad[field] = value.clone();
         let e = error_of(&s.post_json("/v1/chat/completions", &bad), 400);
         assert_eq!(e["param"], field, "{field}={value}: {e}");
     }
+    // vLLM's sampling fields at their neutral values are taken (the vLLM
+    // backend sends them so to its upstreams): every backend samples with
+    // temperature and top_p alone.
+    let mut neutral = chat("hi");
+    for (field, value) in [
+        ("top_k", json!(0)),
+        ("min_p", json!(0.0)),
+        ("repetition_penalty", json!(1.0)),
+        ("presence_penalty", json!(0.0)),
+        ("frequency_penalty", json!(0.0)),
+    ] {
+        neutral[field] = value;
+    }
+    neutral["max_tokens"] = json!(1);
+    let r = s.post_json("/v1/chat/completions", &neutral);
+    assert_eq!(r.status, 200, "{}", r.text());
+    neutral["top_k"] = json!(-1);
+    assert_eq!(s.post_json("/v1/chat/completions", &neutral).status, 200);
     let mut bad = chat("hi");
     bad["logprobs"] = json!(true);
     bad["top_logprobs"] = json!(21);
