@@ -183,7 +183,7 @@ pub async fn chat_completions(
     if let Some(part) = validate::first_image_part(&body.messages) {
         return match state.route.engine().capabilities().image_refusal {
             None => chat_images(&state, &body).await,
-            Some(why) => Err(ApiError::invalid(&part, why).into()),
+            Some(why) => Err(ApiError::invalid(&part, why)),
         };
     }
     let job = validate::chat(&body, &state.limits)?;
