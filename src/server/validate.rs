@@ -282,7 +282,7 @@ fn image_part(part: &Value, param: &str) -> Result<Value, ApiError> {
 /// for any chat completion (the image parts aside; the upstream checks
 /// those), it is answered whole (no `stream`), and the body sent upstream
 /// carries the messages as the client sent them (`image` parts in OpenAI's
-/// `image_url` form, [`image_part`]) and the sampling fields it
+/// `image_url` form, `image_part`) and the sampling fields it
 /// gave.
 pub fn chat_passthrough(req: &ChatCompletionRequest, limits: &Limits) -> Result<Value, ApiError> {
     if req.stream {
