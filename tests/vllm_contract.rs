@@ -341,7 +341,7 @@ fn letters_are_read_by_logprob_token_ids_from_vllm_shapes() {
 }
 
 #[test]
-fn an_older_vllm_is_read_by_top_k_from_its_flat_error_body() {
+fn vllm_0_10_is_read_by_top_k_with_the_cap_its_refusal_states() {
     let replay = Replay::start("top_k.json");
     let gw = gateway(&replay, &["--pad-policy", "none"]);
     let sent = replay.completions();
@@ -595,7 +595,35 @@ fn image_content_parts_are_passed_through_to_the_upstream_chat_route() {
         .as_u64()
         .unwrap();
     assert_eq!(tokens, unpadded);
+
+    // A fleet where one replica takes images and one does not: image
+    // requests go to the one that does, whatever their routing key.
+    let text_only = Replay::start("logprob_token_ids.json");
+    let fleet = Server::start(&[
+        "--backend",
+        "vllm",
+        "--upstream",
+        &replay.url(),
+        "--upstream",
+        &text_only.url(),
+    ]);
+    let probes = text_only.chats().len();
+    for i in 0..6 {
+        let asked = json!([{"role": "user", "content": [
+            {"type": "text", "text": format!("What is in picture {i}?")}, image]}]);
+        let r = fleet.post_json(
+            "/v1/chat/completions",
+            &json!({"model": "smollm2", "messages": asked, "max_tokens": 16}),
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    assert_eq!(
+        text_only.chats().len(),
+        probes,
+        "an image reached a text-only replica"
+    );
     replay.assert_all_matched();
+    text_only.assert_all_matched();
 }
 
 /// A 400 in OpenAI's shape naming `param`, its message holding `needle`.

@@ -15,8 +15,9 @@ use crate::engine::{EngineError, FinishReason, GenerateEvent, GenerateRequest, T
 /// A chat completion with image parts, sent to an upstream's
 /// `/v1/chat/completions` with the upstream's model name and the sampling
 /// fields it would otherwise take from the model's generation_config.json
-/// set to their neutral values; routed by a SHA-256 of the body, so the
-/// same request reaches the same replica.
+/// set to their neutral values; routed by a SHA-256 of the body among the
+/// upstreams that took the probe's image, so the same request reaches the
+/// same replica.
 pub async fn chat_passthrough(
     inner: &Inner,
     body: serde_json::Value,
@@ -25,12 +26,18 @@ pub async fn chat_passthrough(
     let timeout = secs(inner.options.limits.generate_timeout_s);
     let (_, answer): (Probed, serde_json::Value) = inner
         .pool
-        .call_routed(&key, "/v1/chat/completions", timeout, |p| {
-            let mut b = body.clone();
-            b["model"] = serde_json::Value::String(p.model.clone());
-            neutral_sampling(&mut b);
-            b
-        })
+        .call_routed_where(
+            &key,
+            "/v1/chat/completions",
+            timeout,
+            |p| p.image_refusal.is_none(),
+            |p| {
+                let mut b = body.clone();
+                b["model"] = serde_json::Value::String(p.model.clone());
+                neutral_sampling(&mut b);
+                b
+            },
+        )
         .await?;
     Ok(answer)
 }

@@ -157,9 +157,30 @@ struct Inner {
     ready: AtomicBool,
     /// The padding chosen at start from `options.padding` and the probes.
     padding: PadPolicy,
-    /// Why chat completions with images are refused, or `None` where the
-    /// upstreams take them.
-    image_refusal: Option<String>,
+}
+
+impl Inner {
+    /// Why chat completions with images are refused: every probed upstream
+    /// refused the probe's image (its answer is quoted). `None` while one
+    /// takes images; image requests are routed among those alone.
+    fn image_refusal(&self) -> Option<String> {
+        let probed: Vec<Probed> = self
+            .pool
+            .upstreams
+            .iter()
+            .filter_map(|u| u.probed())
+            .collect();
+        if probed.iter().any(|p| p.image_refusal.is_none()) {
+            return None;
+        }
+        let first = probed.first()?;
+        Some(format!(
+            "the upstream's model `{}` takes no images (it answered the gateway's image probe \
+             with {}); serve a vision model upstream for the image route",
+            first.model,
+            first.image_refusal.clone().unwrap_or_default()
+        ))
+    }
 }
 
 /// The vLLM backend behind the [`Engine`] seam.
@@ -236,7 +257,6 @@ impl VllmEngine {
             depth: AtomicUsize::new(0),
             ready: AtomicBool::new(false),
             padding: PadPolicy::None,
-            image_refusal: None,
         };
         let results = runtime.block_on(inner.pool.probe_all(|u| probe::probe(&inner, u)));
         let mut probed = Vec::new();
@@ -302,14 +322,6 @@ impl VllmEngine {
             &probed,
             inner.options.limits.max_auto_pad_block,
         );
-        inner.image_refusal = probed.iter().all(|p| p.image_refusal.is_some()).then(|| {
-            format!(
-                "the upstream's model `{}` takes no images (it answered the gateway's \
-                     image probe with {}); serve a vision model upstream for the image route",
-                probed[0].model,
-                probed[0].image_refusal.clone().unwrap_or_default()
-            )
-        });
         let context_length = probed
             .iter()
             .filter_map(|p| p.max_model_len)
@@ -531,7 +543,7 @@ impl Engine for VllmEngine {
             modes,
             padding: self.inner.padding,
             name: "vLLM",
-            image_refusal: self.inner.image_refusal.clone(),
+            image_refusal: self.inner.image_refusal(),
             embeddings: self.inner.head.is_some(),
             hidden_hint: if self.inner.head.is_some() {
                 ""

@@ -215,10 +215,16 @@ impl<P: Clone> Pool<P> {
 
     /// The admitted upstreams, heaviest first for `key`.
     pub fn order(&self, key: &[u8]) -> Vec<Arc<Upstream<P>>> {
+        self.order_where(key, |_| true)
+    }
+
+    /// The admitted upstreams whose probe `accept`s, heaviest first for
+    /// `key`.
+    fn order_where(&self, key: &[u8], accept: impl Fn(&P) -> bool) -> Vec<Arc<Upstream<P>>> {
         let mut admitted: Vec<(u64, Arc<Upstream<P>>)> = self
             .upstreams
             .iter()
-            .filter(|u| !u.is_ejected())
+            .filter(|u| !u.is_ejected() && u.probed().is_some_and(|p| accept(&p)))
             .map(|u| (weight(key, &u.url), u.clone()))
             .collect();
         admitted.sort_by_key(|a| std::cmp::Reverse(a.0));
@@ -478,13 +484,36 @@ impl<P: Clone> Pool<P> {
         T: DeserializeOwned,
         F: Fn(&P) -> B,
     {
-        let order = self.order(key);
+        self.call_routed_where(key, path, timeout, |_| true, make)
+            .await
+    }
+
+    /// [`Pool::call_routed`] among the upstreams whose probe `accept`s.
+    pub async fn call_routed_where<B, T, F>(
+        &self,
+        key: &[u8],
+        path: &str,
+        timeout: Duration,
+        accept: impl Fn(&P) -> bool,
+        make: F,
+    ) -> Result<(P, T), UpstreamError>
+    where
+        B: Serialize,
+        T: DeserializeOwned,
+        F: Fn(&P) -> B,
+    {
+        let order = self.order_where(key, accept);
         if order.is_empty() {
-            return Err(UpstreamError::NoneAvailable(format!(
-                "all {} upstream servers are ejected (failing their health checks or not yet \
-                 probed); retry later",
-                self.upstreams.len()
-            )));
+            let admitted = self.order(key).len();
+            return Err(UpstreamError::NoneAvailable(if admitted == 0 {
+                format!(
+                    "all {} upstream servers are ejected (failing their health checks or not \
+                     yet probed); retry later",
+                    self.upstreams.len()
+                )
+            } else {
+                format!("none of the {admitted} admitted upstream servers takes this request")
+            }));
         }
         let attempts = self.limits.retries as usize + 1;
         let mut last = None;
