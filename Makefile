@@ -16,7 +16,7 @@ DENSE_MODEL := $(DECISIO_CACHE)/models/smollm2-135m-instruct-dense
 OPENBLAS := $(wildcard /usr/lib/$(shell gcc -dumpmachine 2>/dev/null)/libopenblas.so.0)
 PORT ?= 8000
 
-.PHONY: setup serve test check-targets gate reference reference-cached reference-logits cargo-test e2e lint bench bench-tasks ci-time schemathesis bench-mac
+.PHONY: setup serve test check-targets gate reference reference-cached reference-logits cargo-test e2e lint bench bench-tasks ci-time schemathesis bench-mac bench-profile
 
 setup:
 	@bash scripts/setup.sh
@@ -89,6 +89,12 @@ bench: setup
 # (scripts/bench/mac.py), into runs/<today>_mac-bench.
 bench-mac: setup
 	@bash scripts/bench/mac.sh
+
+# Where a decision's CPU time goes, by class of operation, beside the GEMM
+# time of its products (scripts/bench/cpu_profile.py), into
+# runs/<today>_cpu-profile.
+bench-profile: setup
+	$(PYTHON) scripts/bench/cpu_profile.py
 
 # Task registration: choice throughput and latency, then intent heads over
 # MMLU subjects (6 draws x 10 shots), the head's fit time, the reliability PNG.

@@ -87,3 +87,55 @@ fn compare(options: LoadOptions, max_prompts: usize, tolerance: f32) {
         prompts.min(max_prompts)
     );
 }
+
+/// The CPU profile (`decisio::engine::mlx::profile`) evaluates each
+/// operation where it is built: the answers keep their bits, and every
+/// class of the fixture's forward pass is counted, with the products'
+/// arithmetic exactly the shapes' (`2 m k n`).
+#[test]
+fn the_profile_changes_no_bit_and_counts_every_class() {
+    use decisio::engine::mlx::profile::{self, Class};
+    let model = MlxModel::load(&common::model_dir()).expect("load the fixture");
+    let state: Vec<u32> = (0..300).map(|i| 100 + (i * 7919) % 40000).collect();
+    let suffix: Vec<u32> = (0..20).map(|i| 200 + (i * 104729) % 40000).collect();
+    let letters = [330u32, 331, 332, 333];
+    let run = || {
+        let mut cache = model.new_cache();
+        model.prefill(&state, &mut cache, 128).unwrap();
+        model
+            .read_question(&suffix, &mut cache, &letters, false, None)
+            .unwrap()
+    };
+    let plain = run();
+    profile::start();
+    let profiled = run();
+    let p = profile::finish();
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&plain.logits), bits(&profiled.logits));
+    assert_eq!(bits(&plain.logprobs), bits(&profiled.logprobs));
+    for class in [
+        Class::Products,
+        Class::AttentionProducts,
+        Class::Softmax,
+        Class::Norms,
+        Class::Rope,
+        Class::Activations,
+        Class::Residuals,
+        Class::Cache,
+        Class::Embedding,
+        Class::Transfers,
+    ] {
+        let t = p.classes.get(&class).unwrap_or_else(|| panic!("{class:?}"));
+        assert!(t.calls > 0 && t.seconds > 0.0, "{class:?}: {t:?}");
+    }
+    let counted: f64 = p
+        .products
+        .iter()
+        .filter(|(s, _)| s.linear)
+        .map(|(s, &n)| s.flops() * n as f64)
+        .sum();
+    assert_eq!(counted, p.classes[&Class::Products].flops);
+    // Off again: nothing is gathered.
+    run();
+    assert!(profile::finish().classes.is_empty());
+}

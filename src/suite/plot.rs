@@ -138,6 +138,26 @@ pub fn reliability(record: &Record, out: &Path, font: &Path) -> Result<Vec<Strin
 
 /// Accuracy per set of a candidate beside its reference, as bars.
 pub fn accuracy(rows: &[(String, f64, f64)], path: &Path, font: &Path, title: &str) -> Result<()> {
+    paired_bars(
+        rows,
+        ["reference", "candidate"],
+        ("accuracy", 1.0),
+        path,
+        font,
+        title,
+    )
+}
+
+/// Two bars per row (`names` say which), on a vertical axis named
+/// `y.0` from 0 to `y.1`.
+pub fn paired_bars(
+    rows: &[(String, f64, f64)],
+    names: [&str; 2],
+    y: (&str, f64),
+    path: &Path,
+    font: &Path,
+    title: &str,
+) -> Result<()> {
     register_font(font)?;
     let n = rows.len().max(1);
     let root = BitMapBackend::new(path, (200 + 120 * n as u32, 560)).into_drawing_area();
@@ -147,7 +167,7 @@ pub fn accuracy(rows: &[(String, f64, f64)], path: &Path, font: &Path, title: &s
         .margin(16)
         .x_label_area_size(60)
         .y_label_area_size(54)
-        .build_cartesian_2d(-0.5f64..(n as f64 - 0.5), 0f64..1f64)
+        .build_cartesian_2d(-0.5f64..(n as f64 - 0.5), 0f64..y.1)
         .map_err(draw_err)?;
     chart
         .configure_mesh()
@@ -161,10 +181,10 @@ pub fn accuracy(rows: &[(String, f64, f64)], path: &Path, font: &Path, title: &s
                 String::new()
             }
         })
-        .y_desc("accuracy")
+        .y_desc(y.0)
         .draw()
         .map_err(draw_err)?;
-    for (k, colour, label) in [(0usize, BLUE, "reference"), (1, RED, "candidate")] {
+    for (k, colour, label) in [(0usize, BLUE, names[0]), (1, RED, names[1])] {
         let x0 = if k == 0 { -0.36 } else { 0.0 };
         chart
             .draw_series(rows.iter().enumerate().map(|(i, r)| {

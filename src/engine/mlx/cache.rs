@@ -8,6 +8,7 @@
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{ops, Array};
 
+use super::profile::{self, Class};
 use super::{MlxError, MlxResult};
 
 /// Keys and values of one attention layer, `[batch, kv_heads, tokens, head_dim]`.
@@ -29,8 +30,12 @@ impl KvCache {
         let added = keys.shape()[2] as usize;
         let (k, v) = match (self.keys.take(), self.values.take()) {
             (Some(pk), Some(pv)) => (
-                ops::concatenate(&[&pk, &keys], 2)?,
-                ops::concatenate(&[&pv, &values], 2)?,
+                profile::op(Class::Cache, 0.0, || {
+                    Ok(ops::concatenate(&[&pk, &keys], 2)?)
+                })?,
+                profile::op(Class::Cache, 0.0, || {
+                    Ok(ops::concatenate(&[&pv, &values], 2)?)
+                })?,
             ),
             _ => (keys, values),
         };

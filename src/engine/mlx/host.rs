@@ -16,6 +16,7 @@
 
 use mlx_rs::{ops, Array, Dtype};
 
+use super::profile::{self, Class};
 use super::MlxResult;
 
 /// `exp(x)` within about 2 ulp for `x` in the float range, written without
@@ -206,20 +207,43 @@ pub fn attention(q: &Array, k: &Array, v: &Array, scale: f32, causal: bool) -> M
     let (b, h, l, d) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
     let (kvh, t) = (k.shape()[1], k.shape()[2]);
     let groups = h / kvh;
+    let product = 2.0
+        * [b, h, l, t, d]
+            .iter()
+            .map(|&n| f64::from(n))
+            .product::<f64>();
+    let (batch, rows) = ((b * kvh) as usize, (groups * l) as usize);
+    let (t_, d_) = (t as usize, d as usize);
+    for (k_, n_, transposed) in [(d_, t_, true), (t_, d_, false)] {
+        profile::shape(profile::Shape {
+            linear: false,
+            transposed,
+            batch,
+            m: rows,
+            k: k_,
+            n: n_,
+        });
+    }
     let q = ops::multiply(q, &Array::from_f32(scale).as_dtype(q.dtype())?)?;
     let q = ops::reshape(&q, &[b, kvh, groups * l, d])?;
-    let scores = ops::matmul(&q, &k.transpose_axes(&[0, 1, 3, 2])?)?;
+    let scores = profile::op(Class::AttentionProducts, product, || {
+        Ok(ops::matmul(&q, &k.transpose_axes(&[0, 1, 3, 2])?)?)
+    })?;
     let scores = host_f32(&scores)?;
     let xs = scores.as_slice::<f32>();
     let (l, t) = (l as usize, t as usize);
-    let probs = with_scratch(xs.len(), scores.shape(), |out| {
-        for (r, row) in out.chunks_exact_mut(t).enumerate() {
-            let valid = if causal { t - l + r % l + 1 } else { t };
-            softmax_row(&xs[r * t..(r + 1) * t], valid, row);
-        }
-    })
-    .as_dtype(v.dtype())?;
-    let out = ops::matmul(&probs, v)?;
+    let probs = profile::host(Class::Softmax, 5.0 * xs.len() as f64, || {
+        with_scratch(xs.len(), scores.shape(), |out| {
+            for (r, row) in out.chunks_exact_mut(t).enumerate() {
+                let valid = if causal { t - l + r % l + 1 } else { t };
+                softmax_row(&xs[r * t..(r + 1) * t], valid, row);
+            }
+        })
+        .as_dtype(v.dtype())
+    })?;
+    let out = profile::op(Class::AttentionProducts, product, || {
+        Ok(ops::matmul(&probs, v)?)
+    })?;
     Ok(ops::reshape(&out, &[b, h, l as i32, d])?)
 }
 

@@ -10,6 +10,7 @@ use mlx_rs::{nn, ops, Array, Dtype};
 
 use super::host;
 use super::loader::{Quant, Weights};
+use super::profile::{self, Class};
 use super::MlxResult;
 
 /// When the host kernels ([`host`], [`super::delta::host`]) replace MLX's
@@ -50,11 +51,20 @@ impl HostKernels {
 /// The last position of `x` (`[B, L, D]` → `[B, 1, D]`).
 pub fn last_position(x: &Array) -> MlxResult<Array> {
     let l = x.shape()[1];
-    Ok(ops::indexing::take_axis(
-        x,
-        Array::from_slice(&[l - 1], &[1]),
-        1,
-    )?)
+    profile::op(Class::Residuals, 0.0, || {
+        Ok(ops::indexing::take_axis(
+            x,
+            Array::from_slice(&[l - 1], &[1]),
+            1,
+        )?)
+    })
+}
+
+/// `x + y`: a residual connection.
+pub fn residual(x: &Array, y: &Array) -> MlxResult<Array> {
+    profile::op(Class::Residuals, profile::elements(y), || {
+        Ok(ops::add(x, y)?)
+    })
 }
 
 /// A scalar in the dtype of `like`, as a Python float meets an MLX array.
@@ -83,6 +93,13 @@ pub enum Rope {
 impl Rope {
     /// `x` rotated for positions `offset..offset + L`.
     pub fn forward(&self, x: &Array, offset: usize) -> MlxResult<Array> {
+        // About six operations per rotated element.
+        profile::op(Class::Rope, 6.0 * profile::elements(x), || {
+            self.apply(x, offset)
+        })
+    }
+
+    fn apply(&self, x: &Array, offset: usize) -> MlxResult<Array> {
         Ok(match self {
             Rope::Standard {
                 dims,
@@ -117,6 +134,21 @@ pub fn attention(
     if host.apply(q) && window.is_none() {
         return host::attention(q, k, v, scale, l > 1);
     }
+    // MLX's fused attention: its products and softmax, as one.
+    let flops = 4.0 * profile::elements(q) * t as f64;
+    profile::op(Class::AttentionProducts, flops, || {
+        mlx_attention(q, k, v, scale, window)
+    })
+}
+
+fn mlx_attention(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    scale: f32,
+    window: Option<usize>,
+) -> MlxResult<Array> {
+    let (l, t) = (q.shape()[2] as usize, k.shape()[2] as usize);
     let sdpa = |mask| -> MlxResult<Array> {
         Ok(fast::scaled_dot_product_attention(
             q, k, v, scale, mask, None,
@@ -195,7 +227,9 @@ impl GatedMlp {
     pub fn forward(&self, x: &Array) -> MlxResult<Array> {
         let gate = self.gate_proj.forward_as(x)?;
         let up = self.up_proj.forward_as(x)?;
-        let h = self.activation.gate(&gate, &up, self.host)?;
+        let h = profile::op(Class::Activations, 5.0 * profile::elements(&gate), || {
+            self.activation.gate(&gate, &up, self.host)
+        })?;
         self.down_proj.forward_as(&h)
     }
 }
@@ -269,10 +303,31 @@ impl Linear {
     /// `forward(x)` in the type of `x` (a float32-scaled quantized matrix
     /// would otherwise promote bfloat16 activations).
     pub fn forward_as(&self, x: &Array) -> MlxResult<Array> {
-        Ok(self.forward(x)?.as_dtype(x.dtype())?)
+        let y = self.forward(x)?;
+        if y.dtype() == x.dtype() {
+            return Ok(y);
+        }
+        profile::op(Class::Residuals, 0.0, || Ok(y.as_dtype(x.dtype())?))
     }
 
     pub fn forward(&self, x: &Array) -> MlxResult<Array> {
+        profile::product(x, self.outputs());
+        profile::op(
+            Class::Products,
+            profile::product_flops(x, self.outputs()),
+            || self.apply(x),
+        )
+    }
+
+    /// Output features.
+    fn outputs(&self) -> usize {
+        match self {
+            Linear::Dense { weight, .. } => weight.shape()[0] as usize,
+            Linear::Quantized { scales, .. } => scales.shape()[0] as usize,
+        }
+    }
+
+    fn apply(&self, x: &Array) -> MlxResult<Array> {
         let (y, bias) = match self {
             Linear::Dense { weight, bias } => (ops::matmul(x, weight.t())?, bias),
             Linear::Quantized {
@@ -324,6 +379,10 @@ impl Embedding {
 
     /// Rows of the table for the token ids `ids` (any shape).
     pub fn forward(&self, ids: &Array) -> MlxResult<Array> {
+        profile::op(Class::Embedding, 0.0, || self.gather(ids))
+    }
+
+    fn gather(&self, ids: &Array) -> MlxResult<Array> {
         match self {
             Embedding::Dense { weight } => Ok(ops::indexing::take_axis(weight, ids, 0)?),
             Embedding::Quantized {
@@ -342,6 +401,17 @@ impl Embedding {
 
     /// `x E^T`: the logits over the vocabulary for hidden states `x`.
     pub fn as_linear(&self, x: &Array) -> MlxResult<Array> {
+        let n = match self {
+            Embedding::Dense { weight } => weight.shape()[0],
+            Embedding::Quantized { scales, .. } => scales.shape()[0],
+        } as usize;
+        profile::product(x, n);
+        profile::op(Class::Products, profile::product_flops(x, n), || {
+            self.project(x)
+        })
+    }
+
+    fn project(&self, x: &Array) -> MlxResult<Array> {
         match self {
             Embedding::Dense { weight } => Ok(ops::matmul(x, weight.t())?),
             Embedding::Quantized {
@@ -369,6 +439,8 @@ impl RmsNorm {
     }
 
     pub fn forward(&self, x: &Array) -> MlxResult<Array> {
-        Ok(fast::rms_norm(x, Some(&self.weight), self.eps)?)
+        profile::op(Class::Norms, 4.0 * profile::elements(x), || {
+            Ok(fast::rms_norm(x, Some(&self.weight), self.eps)?)
+        })
     }
 }

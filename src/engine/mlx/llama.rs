@@ -12,7 +12,8 @@ use serde_json::Value;
 
 use super::cache::{KvCache, ModelCache};
 use super::layers::{
-    attention, last_position, Activation, Embedding, GatedMlp, HostKernels, Linear, RmsNorm, Rope,
+    attention, last_position, residual, Activation, Embedding, GatedMlp, HostKernels, Linear,
+    RmsNorm, Rope,
 };
 use super::loader::Weights;
 use super::{Architecture, LastHidden};
@@ -175,13 +176,10 @@ impl TransformerBlock {
     }
 
     fn forward(&self, x: &Array, cache: &mut KvCache) -> MlxResult<Array> {
-        let h = ops::add(
-            x,
-            &self
-                .self_attn
-                .forward(&self.input_layernorm.forward(x)?, cache)?,
-        )?;
-        self.feed_forward(h)
+        let attn = self
+            .self_attn
+            .forward(&self.input_layernorm.forward(x)?, cache)?;
+        self.feed_forward(residual(x, &attn)?)
     }
 
     /// The block's output at the last position of `x` only (its keys and
@@ -190,14 +188,14 @@ impl TransformerBlock {
         let attn = self
             .self_attn
             .forward_last(&self.input_layernorm.forward(x)?, cache)?;
-        self.feed_forward(ops::add(&last_position(x)?, &attn)?)
+        self.feed_forward(residual(&last_position(x)?, &attn)?)
     }
 
     fn feed_forward(&self, h: Array) -> MlxResult<Array> {
         let r = self
             .mlp
             .forward(&self.post_attention_layernorm.forward(&h)?)?;
-        Ok(ops::add(&h, &r)?)
+        residual(&h, &r)
     }
 }
 

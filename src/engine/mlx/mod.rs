@@ -25,6 +25,7 @@ pub mod layers;
 pub mod llama;
 pub mod loader;
 pub mod memory;
+pub mod profile;
 pub mod qwen3_5;
 pub mod sample;
 pub mod switch;
@@ -42,6 +43,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::model_config;
 
 use self::cache::ModelCache;
+use self::profile::Class;
 use self::sample::Rng;
 use super::prefix_cache::{PrefixCache, Weighed};
 use super::EmbedReceiver;
@@ -189,6 +191,16 @@ pub fn architectures() -> impl Iterator<Item = &'static str> {
     LOADERS.iter().map(|(name, _)| *name)
 }
 
+/// What [`MlxModel::read_question`] reads at a question's last position.
+pub struct Reading {
+    /// The float32 logits of the ids read.
+    pub logits: Vec<f32>,
+    /// Their log-probabilities over the vocabulary.
+    pub logprobs: Vec<f32>,
+    /// The hidden state, when asked.
+    pub hidden: Option<Vec<f32>>,
+}
+
 /// A loaded model: forward passes over token ids with a cache.
 pub struct MlxModel {
     arch: Box<dyn Architecture>,
@@ -303,6 +315,44 @@ impl MlxModel {
             }
         }
         last.ok_or_else(|| MlxError::Config("an empty prompt has no next token".into()))
+    }
+
+    /// A question on a state: `suffix` run from `cache` (the state's,
+    /// extended), and at its last position the float32 logits of the ids
+    /// `read` and their log-probabilities over the vocabulary, and with
+    /// `hidden` the final norm's output (or block `tap`'s).
+    pub fn read_question(
+        &self,
+        suffix: &[u32],
+        cache: &mut ModelCache,
+        read: &[u32],
+        hidden: bool,
+        tap: Option<usize>,
+    ) -> MlxResult<Reading> {
+        let taken = self.last_hidden_tap(suffix, cache, tap)?;
+        let last = taken.normed;
+        let logits = ops::reshape(self.logits(&last)?.as_type::<f32>()?, &[-1])?;
+        let norm = ops::logsumexp(&logits, false)?;
+        let read: Vec<i32> = read.iter().map(|&t| t as i32).collect();
+        let picked =
+            ops::indexing::take_axis(&logits, Array::from_slice(&read, &[read.len() as i32]), 0)?;
+        let logprobs = ops::subtract(&picked, &norm)?;
+        let hidden = hidden
+            .then(|| ops::reshape(taken.tap.as_ref().unwrap_or(&last).as_type::<f32>()?, &[-1]))
+            .transpose()?;
+        let mut arrays = vec![&picked, &logprobs];
+        arrays.extend(hidden.iter());
+        // The cast, the vocabulary's log-normaliser and the letters' rows.
+        let flops = 4.0 * profile::elements(&logits);
+        profile::op(Class::Softmax, flops, || {
+            mlx_rs::transforms::eval(arrays)?;
+            Ok(picked.clone())
+        })?;
+        Ok(profile::host(Class::Transfers, 0.0, || Reading {
+            logits: picked.as_slice::<f32>().to_vec(),
+            logprobs: logprobs.as_slice::<f32>().to_vec(),
+            hidden: hidden.map(|h| h.as_slice::<f32>().to_vec()),
+        }))
     }
 
     /// Float32 log-probabilities over the vocabulary from hidden states
@@ -792,25 +842,11 @@ fn score(
         let started = Instant::now();
         let mut cache = snapshot.cache.clone();
         let tap = request.hidden_layer.filter(|_| request.hidden);
-        let taken = model.last_hidden_tap(&q.suffix, &mut cache, tap)?;
-        let last = taken.normed;
-        let logits = ops::reshape(model.logits(&last)?.as_type::<f32>()?, &[-1])?;
-        let norm = ops::logsumexp(&logits, false)?;
-        let read: Vec<i32> = q.read.iter().map(|&t| t as i32).collect();
-        let picked =
-            ops::indexing::take_axis(&logits, Array::from_slice(&read, &[read.len() as i32]), 0)?;
-        let logprobs = ops::subtract(&picked, &norm)?;
-        let hidden = request
-            .hidden
-            .then(|| ops::reshape(taken.tap.as_ref().unwrap_or(&last).as_type::<f32>()?, &[-1]))
-            .transpose()?;
-        let mut arrays = vec![&picked, &logprobs];
-        arrays.extend(hidden.iter());
-        mlx_rs::transforms::eval(arrays)?;
+        let reading = model.read_question(&q.suffix, &mut cache, &q.read, request.hidden, tap)?;
         let score = QuestionScore {
-            logits: picked.as_slice::<f32>().to_vec(),
-            logprobs: logprobs.as_slice::<f32>().to_vec(),
-            hidden: hidden.map(|h| h.as_slice::<f32>().to_vec()),
+            logits: reading.logits,
+            logprobs: reading.logprobs,
+            hidden: reading.hidden,
             seconds: started.elapsed().as_secs_f64(),
             memoised: false,
         };

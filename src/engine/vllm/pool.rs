@@ -561,6 +561,7 @@ mod tests {
         )
         .unwrap();
         for u in &p.upstreams {
+            u.set_probed("m".into());
             p.admit(u);
         }
         p
