@@ -210,43 +210,46 @@ fn main() -> Result<()> {
     let letters: Vec<u32> = (0..4).map(|i| 100 + i).collect();
 
     // One pass of each path: (prefill seconds, question seconds).
-    let run = || -> Result<(f64, f64)> {
-        let started = Instant::now();
+    // One pass of each path, each profiled when `profiled`: the seconds
+    // and the profile of the prefill, then of the question.
+    let run = |profiled: bool| -> Result<[(f64, Profile); 2]> {
+        let timed = |f: &mut dyn FnMut() -> Result<()>| -> Result<(f64, Profile)> {
+            if profiled {
+                profile::start();
+            }
+            let started = Instant::now();
+            f()?;
+            let seconds = started.elapsed().as_secs_f64();
+            Ok((seconds, profile::finish()))
+        };
         let mut cache = model.new_cache();
-        model.prefill(&state, &mut cache, chunk)?;
-        cache.eval()?;
-        let _ = mlx_rs::memory::clear_cache();
-        let prefill = started.elapsed().as_secs_f64();
-        let started = Instant::now();
+        let prefill = timed(&mut || {
+            model.prefill(&state, &mut cache, chunk)?;
+            cache.eval()?;
+            let _ = mlx_rs::memory::clear_cache();
+            Ok(())
+        })?;
         let mut question = cache.clone();
-        model.read_question(&suffix, &mut question, &letters, false, None)?;
-        Ok((prefill, started.elapsed().as_secs_f64()))
+        let asked = timed(&mut || {
+            model.read_question(&suffix, &mut question, &letters, false, None)?;
+            Ok(())
+        })?;
+        Ok([prefill, asked])
     };
-    run()?;
+    run(false)?;
     let (mut prefill, mut question) = (Vec::new(), Vec::new());
     for _ in 0..reps {
-        let (a, b) = run()?;
+        let [(a, _), (b, _)] = run(false)?;
         prefill.push(a);
         question.push(b);
     }
     // Profiled: each path alone, its last repetition kept.
-    let mut profiled = (Profile::default(), 0.0, Profile::default(), 0.0);
-    for _ in 0..reps {
-        profile::start();
-        let started = Instant::now();
-        let mut cache = model.new_cache();
-        model.prefill(&state, &mut cache, chunk)?;
-        cache.eval()?;
-        let _ = mlx_rs::memory::clear_cache();
-        let a = started.elapsed().as_secs_f64();
-        let p = profile::finish();
-        profile::start();
-        let started = Instant::now();
-        let mut q = cache.clone();
-        model.read_question(&suffix, &mut q, &letters, false, None)?;
-        let b = started.elapsed().as_secs_f64();
-        profiled = (p, a, profile::finish(), b);
+    let mut profiled = run(true)?;
+    for _ in 1..reps {
+        profiled = run(true)?;
     }
+    let [(a, pa), (b, pb)] = profiled;
+    let profiled = (pa, a, pb, b);
     let mut gemm = BTreeMap::new();
     let prefill_report = report(&profiled.0, profiled.1, &mut gemm, reps)?;
     let question_report = report(&profiled.2, profiled.3, &mut gemm, reps)?;

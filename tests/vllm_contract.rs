@@ -93,15 +93,20 @@ impl Replay {
         );
     }
 
-    /// The chat completions received, in order.
-    fn chats(&self) -> Vec<Value> {
+    /// The bodies received on `path`, in order.
+    fn bodies(&self, path: &str) -> Vec<Value> {
         self.received
             .lock()
             .unwrap()
             .iter()
-            .filter(|r| r.path == "/v1/chat/completions")
+            .filter(|r| r.path == path)
             .map(|r| r.body.clone())
             .collect()
+    }
+
+    /// The chat completions received, in order.
+    fn chats(&self) -> Vec<Value> {
+        self.bodies("/v1/chat/completions")
     }
 
     fn url(&self) -> String {
@@ -110,13 +115,7 @@ impl Replay {
 
     /// The completions received, in order.
     fn completions(&self) -> Vec<Value> {
-        self.received
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|r| r.path == "/v1/completions")
-            .map(|r| r.body.clone())
-            .collect()
+        self.bodies("/v1/completions")
     }
 }
 

@@ -112,18 +112,7 @@ pub async fn generate(
         .ok_or_else(|| EngineError::Upstream("the completion has no choices".into()))?;
     let lp = choice.logprobs.unwrap_or_default();
     let n = lp.tokens.len();
-    let ids: Vec<u32> = lp
-        .tokens
-        .iter()
-        .map(|t| {
-            token_id(t).ok_or_else(|| {
-                EngineError::Upstream(format!(
-                    "the upstream named a token `{t}`, not `token_id:N` \
-                     (return_tokens_as_token_ids)"
-                ))
-            })
-        })
-        .collect::<Result<_, _>>()?;
+    let ids = lp.token_ids().map_err(EngineError::Upstream)?;
     let entry = |i: usize, named: &[u32], k: usize| {
         lp.token_logprobs
             .get(i)

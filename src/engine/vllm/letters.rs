@@ -67,7 +67,7 @@ pub fn state_found(cached: Option<usize>, state: usize, prompt: usize, unit: usi
 /// The unit of an upstream's cache hits: its cache configuration's, else a
 /// token (an upstream that states none, such as a decisio gateway, counts
 /// hits exactly).
-fn hit_unit(probed: &Probed) -> usize {
+pub fn hit_unit(probed: &Probed) -> usize {
     probed.cache.as_ref().map_or(1, |c| c.hit_unit)
 }
 

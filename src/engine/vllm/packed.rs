@@ -9,7 +9,9 @@ use std::time::Instant;
 
 use futures::StreamExt;
 
-use super::letters::{cached_tokens, letter_request, letters_at, read_letters, state_found};
+use super::letters::{
+    cached_tokens, hit_unit, letter_request, letters_at, read_letters, state_found,
+};
 use super::probe::Probed;
 use super::protocol::{token_id, CompletionRequest, CompletionResponse};
 use super::{secs, Inner, LetterMethod};
@@ -137,7 +139,7 @@ pub async fn score(inner: &Inner, request: &ScoreRequest) -> Result<ScoreResult,
         cached_tokens(response.usage.as_ref()),
         request.prefix.len(),
         packed.prompt.len(),
-        probed.cache.as_ref().map_or(1, |c| c.hit_unit),
+        hit_unit(&probed),
     );
     let lp = response
         .choices
@@ -145,18 +147,7 @@ pub async fn score(inner: &Inner, request: &ScoreRequest) -> Result<ScoreResult,
         .next()
         .and_then(|c| c.logprobs)
         .ok_or_else(|| EngineError::Upstream("the packed generation has no logprobs".into()))?;
-    let generated: Vec<u32> = lp
-        .tokens
-        .iter()
-        .map(|t| {
-            token_id(t).ok_or_else(|| {
-                EngineError::Upstream(format!(
-                    "the upstream named a token `{t}`, not `token_id:N` \
-                     (return_tokens_as_token_ids)"
-                ))
-            })
-        })
-        .collect::<Result<_, _>>()?;
+    let generated = lp.token_ids().map_err(EngineError::Upstream)?;
     let reads: Vec<&[u32]> = request.questions.iter().map(|q| &q.read[..]).collect();
     let plans: Vec<PackedRead> =
         locate_answers(&generated, &packed.markers, &packed.separator, &reads)

@@ -212,6 +212,24 @@ pub struct CompletionLogprobs {
     pub top_logprobs: Vec<Option<HashMap<String, f64>>>,
 }
 
+impl CompletionLogprobs {
+    /// The ids of the tokens, each named `token_id:N`
+    /// (`return_tokens_as_token_ids`); an error names any other name.
+    pub fn token_ids(&self) -> Result<Vec<u32>, String> {
+        self.tokens
+            .iter()
+            .map(|t| {
+                token_id(t).ok_or_else(|| {
+                    format!(
+                        "the upstream named a token `{t}`, not `token_id:N` \
+                         (return_tokens_as_token_ids)"
+                    )
+                })
+            })
+            .collect()
+    }
+}
+
 #[derive(Clone, Debug, Deserialize)]
 pub struct Usage {
     #[serde(default)]
