@@ -24,6 +24,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use std::collections::BTreeMap;
 
+use decisio::engine::mlx::host;
 use decisio::engine::mlx::profile::{self, Profile, Shape};
 use decisio::engine::mlx::MlxModel;
 use mlx_rs::{ops, random};
@@ -87,6 +88,28 @@ fn gemm_seconds(shape: &Shape, reps: usize) -> Result<f64> {
     Ok(median(times))
 }
 
+/// The median seconds of one of attention's products of `shape` alone as
+/// the engine computes it on float32 (`host::blas_product`, on buffers kept
+/// between calls); `None` where no BLAS is loaded.
+fn engine_attention_seconds(shape: &Shape, reps: usize) -> Option<f64> {
+    let (b, m, k, n) = (shape.batch, shape.m, shape.k, shape.n);
+    let a: Vec<f32> = (0..b * m * k)
+        .map(|i| (i % 17) as f32 * 0.1 - 0.8)
+        .collect();
+    let w: Vec<f32> = (0..b * k * n)
+        .map(|i| (i % 13) as f32 * 0.1 - 0.6)
+        .collect();
+    let mut out = vec![0.0f32; b * m * n];
+    let mut run = || {
+        let started = Instant::now();
+        host::blas_product(&a, &w, &mut out, b, (m, k, n), shape.transposed)
+            .then(|| started.elapsed().as_secs_f64())
+    };
+    run()?;
+    let times: Option<Vec<f64>> = (0..reps.max(3)).map(|_| run()).collect();
+    times.map(median)
+}
+
 /// A path's profile: its classes, its products by shape with each one's
 /// time alone, and the sums.
 fn report(p: &Profile, total: f64, gemm: &mut BTreeMap<Shape, f64>, reps: usize) -> Result<Value> {
@@ -110,6 +133,11 @@ fn report(p: &Profile, total: f64, gemm: &mut BTreeMap<Shape, f64>, reps: usize)
                 s
             }
         };
+        let engine = if shape.linear {
+            None
+        } else {
+            engine_attention_seconds(shape, reps)
+        };
         let ms = alone * 1e3 * count as f64;
         if shape.linear {
             linear_ms += ms;
@@ -122,6 +150,7 @@ fn report(p: &Profile, total: f64, gemm: &mut BTreeMap<Shape, f64>, reps: usize)
             "m": shape.m, "k": shape.k,
             "n": shape.n, "count": count, "alone_ms": alone * 1e3,
             "gflops_per_s": shape.flops() / alone / 1e9,
+            "engine_gflops_per_s": engine.map(|e| shape.flops() / e / 1e9),
         }));
     }
     Ok(json!({

@@ -17,6 +17,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 CACHE = pathlib.Path(os.environ.get("DECISIO_CACHE", pathlib.Path.home() / ".cache/decisio"))
 ASSETS = pathlib.Path(os.environ.get("DECISIO_ASSETS", CACHE / "assets"))
 MODEL = pathlib.Path(os.environ.get("DECISIO_MODEL", CACHE / "models/smollm2-135m-instruct"))
+# The binary `make setup` builds (make builds in $CARGO_TARGET_DIR).
+DECISIO = pathlib.Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target")) / "release/decisio"
 
 
 OPENBLAS = "/usr/lib/x86_64-linux-gnu/libopenblas.so.0"
@@ -47,7 +49,7 @@ def wait_healthy(port, proc, path="/health", limit=180):
 def start_decisio(model=MODEL, extra=()):
     port = free_port()
     proc = subprocess.Popen(
-        [str(ROOT / "target/release/decisio"), "serve", "--model", str(model),
+        [str(DECISIO), "serve", "--model", str(model),
          "--served-model-name", "model", "--port", str(port), *extra],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_healthy(port, proc)
@@ -64,6 +66,32 @@ def start_mlx_lm(model=MODEL):
         [sys.executable, "-m", "mlx_lm.server", "--model", str(model), "--port", str(port)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     wait_healthy(port, proc, path="/v1/models")
+    return proc, port
+
+
+def llama_cpp():
+    """llama.cpp's server and the fixture's GGUF at float32, built or found in
+    the cache by scripts/bench/llama_server.sh; returns (folder, version)."""
+    out = subprocess.run(["bash", str(ROOT / "scripts/bench/llama_server.sh")], check=True,
+                         stdout=subprocess.PIPE, text=True,
+                         env=dict(os.environ, PYTHON=sys.executable)).stdout.strip()
+    folder = pathlib.Path(out.splitlines()[-1])
+    return folder, folder.name.split("-", 1)[1]
+
+
+def start_llama_server(gguf, threads=None):
+    """llama.cpp's server on `gguf`: one slot (its prompt cache reuses the
+    previous prompt's prefix), the GGUF's own chat template, a context of
+    8,192 tokens (the fixture's), one thread per core."""
+    folder, _ = llama_cpp()
+    port = free_port()
+    threads = str(threads or os.cpu_count())
+    proc = subprocess.Popen(
+        [str(folder / "llama-server"), "--model", str(gguf), "--port", str(port),
+         "--host", "127.0.0.1", "--parallel", "1", "--ctx-size", "8192",
+         "--threads", threads, "--threads-batch", threads, "--jinja", "--no-webui"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_healthy(port, proc)
     return proc, port
 
 

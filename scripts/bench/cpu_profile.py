@@ -144,16 +144,21 @@ def summary(f):
     lines += [
         "",
         "Product shapes (m × k by k × n, batched over heads for attention), their count "
-        "per path, and each one's rate alone:",
+        "per path, and each one's rate alone: through MLX's matmul, as the engine computes it "
+        "(attention's through `host::blas_product`, the BLAS call of the host attention on "
+        "float32; linear layers' through MLX's matmul, as in the column before), and numpy's "
+        "time:",
         "",
-        "| path | kind | batch | m | k | n | count | MLX alone (GFLOP/s) | numpy (ms) |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| path | kind | batch | m | k | n | count | MLX alone (GFLOP/s) "
+        "| engine alone (GFLOP/s) | numpy (ms) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    engine = lambda s: s["engine_gflops_per_s"] or s["gflops_per_s"]
     for path, p in (("a", pa), ("b", pb)):
         for s in p["products"]:
             lines.append(f"| {path} | {'linear' if s['linear'] else 'attention'} | {s['batch']} | "
                          f"{s['m']} | {s['k']} | {s['n']} | {s['count']} | "
-                         f"{s['gflops_per_s']:.1f} | {s['numpy_ms']:.3f} |")
+                         f"{s['gflops_per_s']:.1f} | {engine(s):.1f} | {s['numpy_ms']:.3f} |")
     m = f["machine"]
     lines += ["", f"Machine: {m['platform']}, {m['cpus']} CPUs. numpy {f['numpy']}. Command: "
               "`python scripts/bench/cpu_profile.py` (`make bench-profile`). "

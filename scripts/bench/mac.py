@@ -145,7 +145,7 @@ def shown_arg(arg):
 def default_bin():
     if os.environ.get("DECISIO_BIN"):
         return pathlib.Path(os.environ["DECISIO_BIN"])
-    return pathlib.Path(os.environ.get("CARGO_TARGET_DIR", common.ROOT / "target")) / "release/decisio"
+    return common.DECISIO
 
 
 # -------------------------------------------------------------- machine ---

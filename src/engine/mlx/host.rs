@@ -73,14 +73,14 @@ fn max(xs: &[f32]) -> f32 {
     acc.iter().fold(tail, |a, &x| a.max(x))
 }
 
-/// Writes `exp(x - m)` into `out` and returns its sum.
+/// Replaces each `x` by `exp(x - m)` and returns their sum.
 #[inline(always)]
-fn exp_shifted(xs: &[f32], m: f32, out: &mut [f32]) -> f32 {
-    for (o, &x) in out.iter_mut().zip(xs) {
-        *o = exp(x - m);
+fn exp_shifted(xs: &mut [f32], m: f32) -> f32 {
+    for x in xs.iter_mut() {
+        *x = exp(*x - m);
     }
     let mut acc = [0.0f32; LANES];
-    let mut chunks = out.chunks_exact(LANES);
+    let mut chunks = xs.chunks_exact(LANES);
     for c in &mut chunks {
         for (a, &x) in acc.iter_mut().zip(c) {
             *a += x;
@@ -90,15 +90,15 @@ fn exp_shifted(xs: &[f32], m: f32, out: &mut [f32]) -> f32 {
     acc.iter().sum::<f32>() + tail
 }
 
-/// Softmax of one row whose first `valid` entries take part; the rest get 0.
+/// Softmax of one row, in place, over its first `valid` entries; the rest
+/// become 0.
 #[inline(always)]
-fn softmax_row_body(xs: &[f32], valid: usize, out: &mut [f32]) {
-    let (live, masked) = out.split_at_mut(valid);
-    let m = max(&xs[..valid]);
-    let sum = exp_shifted(&xs[..valid], m, live);
-    let inv = 1.0 / sum;
-    for o in live.iter_mut() {
-        *o *= inv;
+fn softmax_row_body(row: &mut [f32], valid: usize) {
+    let (live, masked) = row.split_at_mut(valid);
+    let m = max(live);
+    let inv = 1.0 / exp_shifted(live, m);
+    for x in live.iter_mut() {
+        *x *= inv;
     }
     masked.fill(0.0);
 }
@@ -117,13 +117,13 @@ fn swiglu_body(g: &[f32], u: &[f32], out: &mut [f32]) {
 #[cfg(target_arch = "x86_64")]
 mod wide {
     #[target_feature(enable = "avx512f")]
-    pub unsafe fn softmax_row_avx512(xs: &[f32], valid: usize, out: &mut [f32]) {
-        super::softmax_row_body(xs, valid, out)
+    pub unsafe fn softmax_row_avx512(row: &mut [f32], valid: usize) {
+        super::softmax_row_body(row, valid)
     }
 
     #[target_feature(enable = "avx2")]
-    pub unsafe fn softmax_row_avx2(xs: &[f32], valid: usize, out: &mut [f32]) {
-        super::softmax_row_body(xs, valid, out)
+    pub unsafe fn softmax_row_avx2(row: &mut [f32], valid: usize) {
+        super::softmax_row_body(row, valid)
     }
 
     #[target_feature(enable = "avx512f")]
@@ -137,18 +137,18 @@ mod wide {
     }
 }
 
-fn softmax_row(xs: &[f32], valid: usize, out: &mut [f32]) {
+fn softmax_row_in_place(row: &mut [f32], valid: usize) {
     #[cfg(target_arch = "x86_64")]
     {
         // SAFETY: each is called only where the processor has the feature.
         if is_x86_feature_detected!("avx512f") {
-            return unsafe { wide::softmax_row_avx512(xs, valid, out) };
+            return unsafe { wide::softmax_row_avx512(row, valid) };
         }
         if is_x86_feature_detected!("avx2") {
-            return unsafe { wide::softmax_row_avx2(xs, valid, out) };
+            return unsafe { wide::softmax_row_avx2(row, valid) };
         }
     }
-    softmax_row_body(xs, valid, out)
+    softmax_row_body(row, valid)
 }
 
 fn swiglu_rows(g: &[f32], u: &[f32], out: &mut [f32]) {
@@ -180,6 +180,21 @@ fn with_scratch(len: usize, shape: &[i32], fill: impl FnOnce(&mut [f32])) -> Arr
     })
 }
 
+/// Runs `f` on two buffers of `a` and `b` floats this thread keeps between
+/// calls (their contents are whatever the last call left).
+fn with_buffers<T>(a: usize, b: usize, f: impl FnOnce(&mut [f32], &mut [f32]) -> T) -> T {
+    thread_local! {
+        static BUFFERS: std::cell::RefCell<(Vec<f32>, Vec<f32>)> =
+            const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+    }
+    BUFFERS.with(|cell| {
+        let (x, y) = &mut *cell.borrow_mut();
+        x.resize(x.len().max(a), 0.0);
+        y.resize(y.len().max(b), 0.0);
+        f(&mut x[..a], &mut y[..b])
+    })
+}
+
 /// The array in float32 and row-major order, evaluated, so that its
 /// elements can be borrowed with [`Array::as_slice`].
 fn host_f32(a: &Array) -> MlxResult<Array> {
@@ -195,14 +210,120 @@ fn host_f32(a: &Array) -> MlxResult<Array> {
     Ok(a)
 }
 
-/// Scaled dot-product attention, `softmax(q k^T * scale) v`, the products
-/// in MLX and the softmax here.
+/// The CBLAS single-precision product, `C = alpha op(A) op(B) + beta C`,
+/// row-major (the signature of `cblas_sgemm`).
+type Sgemm = unsafe extern "C" fn(
+    layout: i32,
+    trans_a: i32,
+    trans_b: i32,
+    m: i32,
+    n: i32,
+    k: i32,
+    alpha: f32,
+    a: *const f32,
+    lda: i32,
+    b: *const f32,
+    ldb: i32,
+    beta: f32,
+    c: *mut f32,
+    ldc: i32,
+) -> ();
+
+const ROW_MAJOR: i32 = 101;
+const NO_TRANS: i32 = 111;
+const TRANS: i32 = 112;
+
+/// The `cblas_sgemm` MLX's own products call, found in the process at the
+/// first use: the BLAS linked ahead of MLX (OpenBLAS, scripts/mlx-linux) or
+/// the one MLX brought. `None` where no such symbol is loaded; attention
+/// then keeps its products in MLX.
+fn sgemm() -> Option<Sgemm> {
+    static SGEMM: std::sync::OnceLock<Option<Sgemm>> = std::sync::OnceLock::new();
+    *SGEMM.get_or_init(|| {
+        // SAFETY: dlsym with a NUL-terminated name only looks the symbol up.
+        let sym = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"cblas_sgemm".as_ptr()) };
+        // SAFETY: a loaded `cblas_sgemm` has the CBLAS signature above.
+        (!sym.is_null()).then(|| unsafe { std::mem::transmute::<*mut libc::c_void, Sgemm>(sym) })
+    })
+}
+
+/// `out[i] = a[i] · op(b[i])` for each of `batch` row-major matrices:
+/// `a[i]` is `m × k`, `b[i]` is `k × n` (or `n × k` with `b_transposed`),
+/// `out[i]` is `m × n`: one `cblas_sgemm` per matrix, called as MLX calls
+/// it for the same product, so the bits are MLX's.
+#[allow(clippy::too_many_arguments)]
+fn batched_product(
+    sgemm: Sgemm,
+    a: &[f32],
+    b: &[f32],
+    out: &mut [f32],
+    batch: usize,
+    (m, k, n): (usize, usize, usize),
+    b_transposed: bool,
+) {
+    assert!(a.len() >= batch * m * k && b.len() >= batch * k * n && out.len() >= batch * m * n);
+    let int = |x: usize| i32::try_from(x).expect("a product's side fits in an i32");
+    let ldb = if b_transposed { k } else { n };
+    for i in 0..batch {
+        // SAFETY: the slices hold every element the call reads and writes
+        // (asserted above), with the leading dimensions given.
+        unsafe {
+            sgemm(
+                ROW_MAJOR,
+                NO_TRANS,
+                if b_transposed { TRANS } else { NO_TRANS },
+                int(m),
+                int(n),
+                int(k),
+                1.0,
+                a.as_ptr().add(i * m * k),
+                int(k),
+                b.as_ptr().add(i * k * n),
+                int(ldb),
+                0.0,
+                out.as_mut_ptr().add(i * m * n),
+                int(n),
+            )
+        }
+    }
+}
+
+/// One of attention's products as [`attention`] computes it on float32:
+/// `out[i] = a[i] · op(b[i])` for `batch` row-major matrices (`m × k` by
+/// `k × n`, or `n × k` with `b_transposed`) through the process's
+/// `cblas_sgemm`. `false`, with `out` untouched, where none is loaded. For
+/// timing these products alone (`examples/cpu_profile.rs`).
+pub fn blas_product(
+    a: &[f32],
+    b: &[f32],
+    out: &mut [f32],
+    batch: usize,
+    mkn: (usize, usize, usize),
+    b_transposed: bool,
+) -> bool {
+    match sgemm() {
+        Some(f) => {
+            batched_product(f, a, b, out, batch, mkn, b_transposed);
+            true
+        }
+        None => false,
+    }
+}
+
+/// Scaled dot-product attention, `softmax(q k^T * scale) v`.
 ///
 /// `q` is `[B, H, L, D]`, `k` and `v` are `[B, KVH, T, D]` with `H` a
 /// multiple of `KVH` (grouped-query attention). With `causal`, query `i`
 /// sees the keys up to `T - L + i` (the queries are the last `L` positions).
 /// The order of operations is MLX's own for this operation on the CPU
 /// (scale the queries, multiply, mask, softmax in float32, multiply).
+///
+/// On float32 inputs the two products are the BLAS's, called here on
+/// buffers this thread keeps (MLX calls the same function for them, but
+/// allocates the scores anew for each layer and goes through its scheduler:
+/// about twice the time at a question's shapes, runs/2026-12-02_cpu-profile);
+/// the softmax works in place between them. Other inputs have their
+/// products in MLX and the softmax here.
 pub fn attention(q: &Array, k: &Array, v: &Array, scale: f32, causal: bool) -> MlxResult<Array> {
     let (b, h, l, d) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
     let (kvh, t) = (k.shape()[1], k.shape()[2]);
@@ -226,25 +347,51 @@ pub fn attention(q: &Array, k: &Array, v: &Array, scale: f32, causal: bool) -> M
     }
     let q = ops::multiply(q, &Array::from_f32(scale).as_dtype(q.dtype())?)?;
     let q = ops::reshape(&q, &[b, kvh, groups * l, d])?;
+    let (l_, causal_from) = (l as usize, t_ - l as usize);
+    // Row r of each head group is query r % l, at key position t - l + r % l.
+    let softmax_rows = |scores: &mut [f32]| {
+        for (r, row) in scores.chunks_exact_mut(t_).enumerate() {
+            let valid = if causal { causal_from + r % l_ + 1 } else { t_ };
+            softmax_row_in_place(row, valid);
+        }
+    };
+    let all_f32 = [&q, k, v].iter().all(|a| a.dtype() == Dtype::Float32);
+    if let (Some(sgemm), true) = (sgemm(), all_f32) {
+        let (q, k, v) = (host_f32(&q)?, host_f32(k)?, host_f32(v)?);
+        let (q, k, v) = (
+            q.as_slice::<f32>(),
+            k.as_slice::<f32>(),
+            v.as_slice::<f32>(),
+        );
+        let out = with_buffers(batch * rows * t_, batch * rows * d_, |scores, out| {
+            profile::host(Class::AttentionProducts, product, || {
+                batched_product(sgemm, q, k, scores, batch, (rows, d_, t_), true)
+            });
+            profile::host(Class::Softmax, 5.0 * scores.len() as f64, || {
+                softmax_rows(scores)
+            });
+            profile::host(Class::AttentionProducts, product, || {
+                batched_product(sgemm, scores, v, out, batch, (rows, t_, d_), false)
+            });
+            Array::from_slice(out, &[b, h, l, d])
+        });
+        return Ok(out);
+    }
     let scores = profile::op(Class::AttentionProducts, product, || {
         Ok(ops::matmul(&q, &k.transpose_axes(&[0, 1, 3, 2])?)?)
     })?;
     let scores = host_f32(&scores)?;
-    let xs = scores.as_slice::<f32>();
-    let (l, t) = (l as usize, t as usize);
-    let probs = profile::host(Class::Softmax, 5.0 * xs.len() as f64, || {
-        with_scratch(xs.len(), scores.shape(), |out| {
-            for (r, row) in out.chunks_exact_mut(t).enumerate() {
-                let valid = if causal { t - l + r % l + 1 } else { t };
-                softmax_row(&xs[r * t..(r + 1) * t], valid, row);
-            }
+    let probs = profile::host(Class::Softmax, 5.0 * scores.size() as f64, || {
+        with_scratch(scores.size(), scores.shape(), |out| {
+            out.copy_from_slice(scores.as_slice::<f32>());
+            softmax_rows(out)
         })
         .as_dtype(v.dtype())
     })?;
     let out = profile::op(Class::AttentionProducts, product, || {
         Ok(ops::matmul(&probs, v)?)
     })?;
-    Ok(ops::reshape(&out, &[b, h, l as i32, d])?)
+    Ok(ops::reshape(&out, &[b, h, l, d])?)
 }
 
 /// `silu(gate) * up`, element-wise, for two arrays of one shape.
@@ -275,9 +422,8 @@ mod tests {
 
     #[test]
     fn softmax_row_masks_and_sums_to_one() {
-        let xs = [1.0, 2.0, 3.0, 100.0];
-        let mut out = [9.0; 4];
-        softmax_row(&xs, 3, &mut out);
+        let mut out = [1.0, 2.0, 3.0, 100.0];
+        softmax_row_in_place(&mut out, 3);
         assert_eq!(out[3], 0.0);
         let e: Vec<f64> = (1..=3).map(|i| (i as f64 - 3.0).exp()).collect();
         let s: f64 = e.iter().sum();
@@ -291,9 +437,9 @@ mod tests {
         let xs: Vec<f32> = (0..1000)
             .map(|i| ((i * 7919) % 1000) as f32 / 37.0 - 13.0)
             .collect();
-        let (mut wide, mut base) = (vec![0.0; 1000], vec![0.0; 1000]);
-        softmax_row(&xs, 997, &mut wide);
-        softmax_row_body(&xs, 997, &mut base);
+        let (mut wide, mut base) = (xs.clone(), xs.clone());
+        softmax_row_in_place(&mut wide, 997);
+        softmax_row_body(&mut base, 997);
         assert_eq!(wide, base);
         swiglu_rows(&xs, &xs[1..], &mut wide[..999]);
         swiglu_body(&xs, &xs[1..], &mut base[..999]);
