@@ -76,6 +76,11 @@ schemathesis: setup
 ci-time:
 	python3 scripts/ci_time.py
 
+# The benchmarks, each into runs/<today>_<name>. The decisions benchmark
+# (scripts/bench/decide.py) puts decisio beside mlx_lm.server and llama.cpp's
+# server; the latter is built once from the llama-cpp-python source
+# distribution into $(DECISIO_CACHE)/llama.cpp-<version>
+# (scripts/bench/llama_server.sh: cmake and g++, about 15 minutes on 2 cores).
 bench: setup
 	$(PYTHON) scripts/bench/first_token.py
 	$(PYTHON) scripts/bench/cpu_kernels.py
