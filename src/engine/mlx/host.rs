@@ -357,7 +357,10 @@ pub fn attention(q: &Array, k: &Array, v: &Array, scale: f32, causal: bool) -> M
     };
     let all_f32 = [&q, k, v].iter().all(|a| a.dtype() == Dtype::Float32);
     if let (Some(sgemm), true) = (sgemm(), all_f32) {
-        let (q, k, v) = (host_f32(&q)?, host_f32(k)?, host_f32(v)?);
+        // One evaluation for the three (each its own would wait on MLX's
+        // scheduler three times a layer).
+        let (q, k, v) = (q.contiguous()?, k.contiguous()?, v.contiguous()?);
+        mlx_rs::transforms::eval([&q, &k, &v])?;
         let (q, k, v) = (
             q.as_slice::<f32>(),
             k.as_slice::<f32>(),
