@@ -165,23 +165,9 @@ fn swiglu_rows(g: &[f32], u: &[f32], out: &mut [f32]) {
     swiglu_body(g, u, out)
 }
 
-/// Fills a scratch buffer of `len` floats with `fill` and returns an MLX
-/// array of `shape` copied from it. The buffer is kept per thread and
-/// reused, so the pages are not faulted in anew for every layer.
-fn with_scratch(len: usize, shape: &[i32], fill: impl FnOnce(&mut [f32])) -> Array {
-    thread_local! {
-        static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
-    }
-    SCRATCH.with(|cell| {
-        let mut buf = cell.borrow_mut();
-        buf.resize(len, 0.0);
-        fill(&mut buf[..len]);
-        Array::from_slice(&buf[..len], shape)
-    })
-}
-
 /// Runs `f` on two buffers of `a` and `b` floats this thread keeps between
-/// calls (their contents are whatever the last call left).
+/// calls (their contents are whatever the last call left), so the pages
+/// are not faulted in anew for every layer.
 fn with_buffers<T>(a: usize, b: usize, f: impl FnOnce(&mut [f32], &mut [f32]) -> T) -> T {
     thread_local! {
         static BUFFERS: std::cell::RefCell<(Vec<f32>, Vec<f32>)> =
@@ -192,6 +178,15 @@ fn with_buffers<T>(a: usize, b: usize, f: impl FnOnce(&mut [f32], &mut [f32]) ->
         x.resize(x.len().max(a), 0.0);
         y.resize(y.len().max(b), 0.0);
         f(&mut x[..a], &mut y[..b])
+    })
+}
+
+/// Fills a kept buffer of `len` floats with `fill` and returns an MLX array
+/// of `shape` copied from it.
+fn with_scratch(len: usize, shape: &[i32], fill: impl FnOnce(&mut [f32])) -> Array {
+    with_buffers(len, 0, |buf, _| {
+        fill(buf);
+        Array::from_slice(buf, shape)
     })
 }
 
@@ -320,10 +315,10 @@ pub fn blas_product(
 ///
 /// On float32 inputs the two products are the BLAS's, called here on
 /// buffers this thread keeps (MLX calls the same function for them, but
-/// allocates the scores anew for each layer and goes through its scheduler:
-/// about twice the time at a question's shapes, runs/2026-12-02_cpu-profile);
-/// the softmax works in place between them. Other inputs have their
-/// products in MLX and the softmax here.
+/// allocates the scores anew for each layer and hands them over through its
+/// scheduler); the softmax works in place between them, and nothing is
+/// copied back into MLX until the output. Other inputs have their products
+/// in MLX and the softmax here.
 pub fn attention(q: &Array, k: &Array, v: &Array, scale: f32, causal: bool) -> MlxResult<Array> {
     let (b, h, l, d) = (q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]);
     let (kvh, t) = (k.shape()[1], k.shape()[2]);
