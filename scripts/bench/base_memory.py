@@ -169,7 +169,6 @@ def main():
     for e in estimates:
         seed = SEED_WEIGHTS_GB.get((e["base"], e["bits"]))
         e["seed_weights_gb"] = seed
-    g31 = next(e for e in estimates if e["base"] == "gemma-4-31b")
     t31 = text(json.loads((BASES / "gemma-4-31b-it-6bit.config.json").read_text()))
     seeds = [{"tokens": n, "seed_mib": mib,
               "estimate_mib_mlx_lm": round(entry_bytes(t31, n, 2048) / MIB, 1)}

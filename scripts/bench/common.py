@@ -11,6 +11,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -31,6 +32,8 @@ def free_port():
 
 
 def wait_healthy(port, proc, path="/health", limit=180):
+    """Waits until GET `path` answers 200; raises when `proc` exits or the
+    limit passes (the process is killed then)."""
     deadline = time.time() + limit
     while time.time() < deadline:
         if proc.poll() is not None:
@@ -42,7 +45,8 @@ def wait_healthy(port, proc, path="/health", limit=180):
                 return
         except OSError:
             pass
-        time.sleep(0.2)
+        time.sleep(0.1)
+    proc.kill()
     raise RuntimeError(f"server on port {port} did not become healthy")
 
 
@@ -109,6 +113,46 @@ def post(port, path, body):
     return dt, json.loads(raw)
 
 
+def drive(port, clients, seconds, body, path="/v1/completions", timeout=60):
+    """`clients` threads, each with its own kept-alive connection and one
+    request in flight, post until the deadline; an error is any answer but
+    200 or a failed connection. Returns (latencies, errors, wall seconds)."""
+    latencies, errors, lock = [], [], threading.Lock()
+    start = threading.Barrier(clients + 1)
+
+    def client():
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+        mine, bad = [], []
+        start.wait()
+        while time.perf_counter() < deadline:
+            t = time.perf_counter()
+            try:
+                conn.request("POST", path, body, {"Content-Type": "application/json"})
+                r = conn.getresponse()
+                data = r.read()
+                ok = r.status == 200
+            except (OSError, http.client.HTTPException) as e:
+                ok, data = False, repr(e).encode()
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+            if ok:
+                mine.append(time.perf_counter() - t)
+            else:
+                bad.append(data[:200].decode(errors="replace"))
+        with lock:
+            latencies.extend(mine)
+            errors.extend(bad)
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    deadline = time.perf_counter() + seconds
+    started = time.perf_counter()
+    start.wait()
+    for t in threads:
+        t.join()
+    return latencies, errors, time.perf_counter() - started
+
+
 def mmlu_rows(n=2000):
     rows = []
     with open(ASSETS / "mmlu.jsonl") as f:
@@ -124,6 +168,44 @@ def mmlu_rows(n=2000):
 def question_text(row):
     return row["question"].strip() + "\n" + "\n".join(
         f"{k}. {row['answer_' + k.lower()]}" for k in "ABCD")
+
+
+def nearest_rank(values, q):
+    """The q-quantile of `values` by nearest rank (None when empty)."""
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))] if values else None
+
+
+def median_ms(f, n, warm=1):
+    """Median wall time of `f()` in milliseconds over n runs, after `warm`
+    untimed ones; `f` returns MLX arrays, evaluated inside the timing."""
+    import mlx.core as mx
+    for _ in range(warm):
+        mx.eval(f())
+    times = []
+    for _ in range(n):
+        s = time.perf_counter()
+        mx.eval(f())
+        times.append(time.perf_counter() - s)
+    return statistics.median(times) * 1e3
+
+
+CUE = "Answer with the letter of the correct option."
+
+
+def mmlu_block(row):
+    """An MMLU row as a lettered question with the answer cue."""
+    text = row["question"].strip()
+    for k in "abcd":
+        text += f"\n{k.upper()}. {str(row['answer_' + k]).strip()}"
+    return text + "\n" + CUE
+
+
+def settle():
+    """A pause before a timed request: on few cores the other server's BLAS
+    threads keep spinning for a moment after its own request, and would be
+    timed as part of this one."""
+    time.sleep(1.0)
 
 
 def summarize(values):

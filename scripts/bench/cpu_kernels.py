@@ -13,10 +13,8 @@ MLX's CPU quantized kernels are slow). Writes runs/<date>_cpu-kernels/.
 
 import json
 import os
-import statistics
 import subprocess
 import sys
-import time
 
 import common
 
@@ -31,13 +29,7 @@ def measure():
     out = {}
 
     def t(name, f, n=5):
-        mx.eval(f())
-        times = []
-        for _ in range(n):
-            s = time.perf_counter()
-            mx.eval(f())
-            times.append(time.perf_counter() - s)
-        out[name] = statistics.median(times) * 1e3
+        out[name] = common.median_ms(f, n)
 
     for dt, label in [(mx.float32, "float32"), (mx.float16, "float16")]:
         x, w = x32.astype(dt), w32.astype(dt)

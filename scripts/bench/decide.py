@@ -33,15 +33,7 @@ from transformers import AutoTokenizer
 import common
 from first_token import dense_copy
 
-CUE = "Answer with the letter of the correct option."
 LETTERS = "ABCD"
-
-
-def block(row):
-    text = row["question"].strip()
-    for k in "abcd":
-        text += f"\n{k.upper()}. {str(row['answer_' + k]).strip()}"
-    return text + "\n" + CUE
 
 
 def states(tok, rows, n, target):
@@ -52,16 +44,9 @@ def states(tok, rows, n, target):
         while len(tok.encode(text)) < target:
             r = rows[cursor % len(rows)]
             cursor += 1
-            text += "\n\n" + block(r) + "\nAnswer: " + r["correct_answer"]
+            text += "\n\n" + common.mmlu_block(r) + "\nAnswer: " + r["correct_answer"]
         out.append(text)
     return out, cursor
-
-
-def settle():
-    """Waits before a timed request: on two cores, the other server's BLAS
-    threads keep spinning for a moment after its own request, and would be
-    timed as part of this one."""
-    time.sleep(1.0)
 
 
 def metric(port, name):
@@ -98,7 +83,7 @@ def main():
     rows = common.mmlu_rows()
     sts, cursor = states(tok, rows, args.states + 1, 1000)
     questions = rows[cursor: cursor + 2 + 100 * args.rounds]
-    qa, qb = questions[0], questions[1]
+    qa = questions[0]
     llama_dir, llama_version = common.llama_cpp()
     shipped = common.ASSETS / "smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -143,7 +128,7 @@ def run_cases(args, op, peers, model, sts, questions):
     qa, qb = questions[0], questions[1]
     chat = lambda s, q: {"model": str(model), "max_tokens": 1, "temperature": 0, "logprobs": True,
                          "top_logprobs": 10,
-                         "messages": [{"role": "user", "content": s + "\n\n" + block(q)}]}
+                         "messages": [{"role": "user", "content": s + "\n\n" + common.mmlu_block(q)}]}
     who = ["decisio"] + [name for name, _, _ in peers]
     res = {k: {w: [] for w in who} for k in ("a", "b", "b'", "c")}
     letters = {name: [] for name, _, _ in peers}
@@ -153,12 +138,12 @@ def run_cases(args, op, peers, model, sts, questions):
         common.post(port, "/v1/chat/completions", chat(sts[0], qa))
     for s in sts[1:]:
         for case, q, cached in (("a", qa, False), ("b", qb, True), ("b'", qb, True)):
-            settle()
+            common.settle()
             t, r = common.post(op, "/v1/decide", {"state": s, "questions": [dq(q)]})
             assert r["state"]["cached"] is cached
             res[case]["decisio"].append(t)
             for name, _, port in peers:
-                settle()
+                common.settle()
                 t, body = common.post(port, "/v1/chat/completions", chat(s, q))
                 res[case][name].append(t)
                 letters[name].append(letters_seen(body))
@@ -166,12 +151,12 @@ def run_cases(args, op, peers, model, sts, questions):
     s = sts[-1]
     for k in range(args.rounds):
         batch = questions[2 + 100 * k: 102 + 100 * k]
-        settle()
+        common.settle()
         t, r = common.post(op, "/v1/decide", {"state": s, "questions": [dq(q) for q in batch]})
         assert r["usage"]["cached_tokens"] == r["state"]["tokens"], "no answer may be recalled"
         res["c"]["decisio"].append(t / len(batch))
         for name, _, port in peers:
-            settle()
+            common.settle()
             t0 = time.perf_counter()
             for q in batch:
                 _, body = common.post(port, "/v1/chat/completions", chat(s, q))

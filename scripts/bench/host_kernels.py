@@ -20,7 +20,6 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 
 import common
 from common import OPENBLAS
@@ -34,13 +33,7 @@ def measure_ops():
     out = {}
 
     def t(name, f, n=20):
-        mx.eval(f())
-        times = []
-        for _ in range(n):
-            s = time.perf_counter()
-            mx.eval(f())
-            times.append(time.perf_counter() - s)
-        out[name] = statistics.median(times) * 1e3
+        out[name] = common.median_ms(f, n)
 
     scores = mx.random.normal((HEADS, L, T))
     q = mx.random.normal((1, HEADS, L, HEAD_DIM))

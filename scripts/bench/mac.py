@@ -76,7 +76,6 @@ BASES = [
 ]
 FULL = {"state_tokens": 1000, "memory_tokens": "8192,16384,32768", "questions": 100, "reps": 5}
 QUICK = {"state_tokens": 200, "memory_tokens": "512,16384", "questions": 5, "reps": 2}
-CUE = "Answer with the letter of the correct option."
 LISTENING = re.compile(r"listening on http://([0-9.]+):([0-9]+)")
 DEVICE_LINE = re.compile(r"MLX computes on the (\w+)")
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -243,13 +242,6 @@ def usable(row):
     return row["question"].strip() and all(options) and len(set(options)) == 4
 
 
-def block(row):
-    text = row["question"].strip()
-    for k in "abcd":
-        text += f"\n{k.upper()}. {str(row['answer_' + k]).strip()}"
-    return text + "\n" + CUE
-
-
 def decide_question(row):
     return {"text": row["question"].strip(),
             "options": [str(row["answer_" + k]).strip() for k in "abcd"]}
@@ -271,7 +263,7 @@ class Rows:
     def short_question(self, count, limit=64):
         while True:
             (r,) = self.take()
-            if count(block(r)) <= limit:
+            if count(common.mmlu_block(r)) <= limit:
                 return r
 
     def state(self, count, target):
@@ -283,7 +275,7 @@ class Rows:
         while True:
             while total < target:
                 (r,) = self.take()
-                part = block(r) + "\nAnswer: " + r["correct_answer"]
+                part = common.mmlu_block(r) + "\nAnswer: " + r["correct_answer"]
                 parts.append(part)
                 total += count(part) + 1
             text = "\n\n".join(parts)
@@ -426,7 +418,7 @@ class Server:
         total, prompt, cached = 0.0, [], []
         for q in questions:
             t, r = common.post(self.port, "/v1/chat/completions", {
-                "messages": [{"role": "user", "content": state + "\n\n" + block(q)}],
+                "messages": [{"role": "user", "content": state + "\n\n" + common.mmlu_block(q)}],
                 "max_tokens": 1, "temperature": 0, "logprobs": True, "top_logprobs": 10})
             total += t
             usage = r.get("usage", {})
@@ -463,12 +455,6 @@ class Server:
         self.out.close()
 
 
-def settle():
-    """A pause before a timed request: on few cores the other server's idle
-    threads keep spinning for a moment after its own request."""
-    time.sleep(1.0)
-
-
 # ---------------------------------------------------------------- cases ---
 
 SERVERS = ("decisio", "mlx_lm")
@@ -497,7 +483,7 @@ def timing(name, model, binary, logs, count, rows, args, in_turn):
         server.ask(warm["state"], qs[2:4])
 
     def one(server, case, rnd):
-        settle()
+        common.settle()
         t, said = server.ask(rnd["state"], rnd[case])
         samples[case][server.kind].append(t / len(rnd[case]))
         info[case][server.kind].append(said)
@@ -542,7 +528,7 @@ def memory(name, model, binary, logs, count, rows, lengths, context):
     """Case (d): a fresh process of each server per length."""
     out = []
     question = rows.short_question(count)
-    room = count(block(question)) + QUESTION_ROOM
+    room = count(common.mmlu_block(question)) + QUESTION_ROOM
     warm_state = rows.state(count, 32)[0]
     warm_question = rows.short_question(count)
     for target in lengths:

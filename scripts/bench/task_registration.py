@@ -39,7 +39,6 @@ Writes runs/<date>_task-registration/{summary.md,results.json} (choice) and
 import argparse
 import http.client
 import json
-import os
 import statistics
 import subprocess
 import tempfile

@@ -29,13 +29,13 @@ import json
 import os
 import pathlib
 import platform
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
+
+import common
 
 BODY = {"model": "smollm2", "prompt": [1, 504, 3458, 282], "max_tokens": 1,
         "temperature": 0, "logprobs": 1}
@@ -51,18 +51,14 @@ def post(conn, body, path="/v1/completions"):
     return time.perf_counter() - t
 
 
-def pct(v, q):
-    v = sorted(v)
-    return v[min(len(v) - 1, int(q * len(v)))]
-
-
 def ms(s):
     return round(s * 1000, 3)
 
 
 def stats(v):
-    return {"p50": ms(pct(v, 0.5)), "p90": ms(pct(v, 0.9)), "p99": ms(pct(v, 0.99)),
-            "p99.9": ms(pct(v, 0.999)), "mean": ms(statistics.mean(v)),
+    q = common.nearest_rank
+    return {"p50": ms(q(v, 0.5)), "p90": ms(q(v, 0.9)), "p99": ms(q(v, 0.99)),
+            "p99.9": ms(q(v, 0.999)), "mean": ms(statistics.mean(v)),
             "min": ms(min(v)), "max": ms(max(v))}
 
 
@@ -102,67 +98,8 @@ def legacy(argv):
     print(json.dumps(result, indent=2))
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_healthy(port, proc, limit=120):
-    deadline = time.time() + limit
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"the server on port {port} exited early")
-        try:
-            c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            c.request("GET", "/health")
-            if c.getresponse().status == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(0.1)
-    proc.kill()
-    raise SystemExit(f"the server on port {port} did not become healthy")
-
-
 def drive(port, clients, seconds, body, path="/v1/completions"):
-    """`clients` threads, each with its own kept-alive connection and one
-    request in flight, post until the deadline; an error is any answer but
-    200 or a failed connection."""
-    latencies, errors, lock = [], [], threading.Lock()
-    start = threading.Barrier(clients + 1)
-
-    def client():
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-        mine, bad = [], []
-        start.wait()
-        while time.perf_counter() < deadline:
-            t = time.perf_counter()
-            try:
-                conn.request("POST", path, body, {"Content-Type": "application/json"})
-                r = conn.getresponse()
-                data = r.read()
-                ok = r.status == 200
-            except (OSError, http.client.HTTPException) as e:
-                ok, data = False, repr(e).encode()
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-            if ok:
-                mine.append(time.perf_counter() - t)
-            else:
-                bad.append(data[:200].decode(errors="replace"))
-        with lock:
-            latencies.extend(mine)
-            errors.extend(bad)
-
-    threads = [threading.Thread(target=client) for _ in range(clients)]
-    for t in threads:
-        t.start()
-    deadline = time.perf_counter() + seconds
-    started = time.perf_counter()
-    start.wait()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - started
+    latencies, errors, wall = common.drive(port, clients, seconds, body, path, timeout=60)
     return {"requests": len(latencies), "errors": len(errors), "error_samples": errors[:3],
             "seconds": round(wall, 2), "requests_per_second": round(len(latencies) / wall, 1),
             "latency_ms": {k: v for k, v in stats(latencies).items()
@@ -227,20 +164,20 @@ def replay(argv):
     ap.add_argument("--rounds", type=int, default=1, help="rounds of (1), (2) and (3)")
     a = ap.parse_args(argv)
     os.makedirs(a.out, exist_ok=True)
-    up, gw = free_port(), free_port()
+    up, gw = common.free_port(), common.free_port()
     scratch = tempfile.mkdtemp(prefix="decisio-bench-")
     upstream = subprocess.Popen([sys.executable, str(HERE / "vllm_replay.py"), str(up),
                                  "--served-model-name", "smollm2"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     gateway = None
     try:
-        wait_healthy(up, upstream)
+        common.wait_healthy(up, upstream)
         gateway = subprocess.Popen(
             [a.binary, "serve", "--backend", "vllm", "--upstream", f"http://127.0.0.1:{up}",
              "--model", a.model, "--served-model-name", "smollm2", "--port", str(gw),
              "--max-queue", str(2 * a.clients), "--state-dir", os.path.join(scratch, "gw")],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_healthy(gw, gateway)
+        common.wait_healthy(gw, gateway)
         home = os.path.expanduser("~")
         shown = [x.replace(home, "~", 1) if x.startswith(home) else x for x in argv]
         result = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
