@@ -1,19 +1,80 @@
 //! The HTTP surface (actix-web): OpenAI's routes plus vLLM's extras.
 //!
-//! Handlers read a body (`body`), validate it ([`validate`]), hand it to the
-//! text route and shape the result (`handlers`). Every failure is an
-//! [`ApiError`] in OpenAI's error shape. This layer knows nothing of MLX or
-//! vLLM: backends meet it through the text route and the `Engine` trait.
+//! One file per endpoint family, each holding that endpoint's request and
+//! response bodies, its validation and its handler:
+//! - `chat`: `POST /v1/chat/completions` (text generation, streamed or
+//!   whole; image content parts passed through; a decision asked with a
+//!   `decisio` object);
+//! - `completions`: `POST /v1/completions`;
+//! - `embeddings`: `POST /v1/embeddings`;
+//! - `tokens`: vLLM's `POST /tokenize` and `POST /detokenize`;
+//! - `decisions`: `POST /v1/decide`, and the decision's shapes a chat
+//!   decision shares;
+//! - `tasks`: `POST /v1/tasks`, `GET /v1/tasks`, `GET` and `DELETE
+//!   /v1/tasks/{id}`;
+//! - `service`: `GET /v1/models`, `/health`, `/metrics`, `/openapi.json`
+//!   ([`openapi`]), and the 404 and 405 answers.
+//!
+//! What several endpoints share: `messages` (chat messages, for chat and
+//! `/tokenize`), `sampling` (the sampling fields chat and completions
+//! share, and their rules), `stream` (server-sent events, and a generation
+//! collected for an answer sent whole), `fields` (lenient JSON integers and
+//! booleans, and the checks several routes make), `body` (reading a body
+//! under the size limit) and [`error`] (every failure as an [`ApiError`],
+//! in OpenAI's error shape). `auth` (`--api-key`) and `observe` (HTTP
+//! metrics) wrap every route. [`types`] names every body.
+//!
+//! This layer knows nothing of MLX or vLLM: backends meet it through the
+//! text route and the `Engine` trait.
 
 mod auth;
 mod body;
+mod chat;
+mod completions;
+mod decisions;
+mod embeddings;
 pub mod error;
-mod handlers;
+mod fields;
+mod messages;
 mod observe;
 pub mod openapi;
-pub mod types;
-pub mod validate;
+mod sampling;
+mod service;
+mod stream;
+mod tasks;
+mod tokens;
 
+/// The request and response bodies of every route, by name (each is
+/// declared in its endpoint's file).
+pub mod types {
+    pub use super::chat::{
+        ChatChoice, ChatChunkChoice, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest,
+        ChatDecision, ChatDelta, ChatLogprobs, ChatMessageOut, ChatTokenLogprob, DecisioReply,
+        DecisioRequest, DecisionUsage, PromptTokensDetails, TopLogprob,
+    };
+    pub use super::completions::{
+        Completion, CompletionChoice, CompletionLogprobs, CompletionRequest, PromptSpec,
+    };
+    pub use super::decisions::{
+        AnswerOut, DecideQuestion, DecideRequest, DecideResponse, DecideUsage, StateOut,
+    };
+    pub use super::embeddings::{
+        EmbeddingData, EmbeddingInput, EmbeddingList, EmbeddingRequest, EmbeddingUsage,
+        EmbeddingVector,
+    };
+    pub use super::sampling::{StopSpec, StreamOptions};
+    pub use super::service::{ModelCard, ModelList, ServedIdentity};
+    pub use super::stream::Usage;
+    pub use super::tasks::{
+        AbstentionIn, TaskDeleted, TaskExampleIn, TaskHeadIn, TaskHeadOut, TaskList, TaskOut,
+        TaskRequest,
+    };
+    pub use super::tokens::{
+        DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse,
+    };
+}
+
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -62,10 +123,10 @@ impl AppState {
     }
 
     /// What answers on this server (`decisio` of each `/v1/models` card).
-    pub fn identity(&self) -> types::ServedIdentity {
+    pub fn identity(&self) -> service::ServedIdentity {
         let engine = self.route.engine();
         let (info, caps) = (engine.info(), engine.capabilities());
-        types::ServedIdentity {
+        service::ServedIdentity {
             version: env!("CARGO_PKG_VERSION"),
             backend: caps.name,
             architecture: info.architecture.clone(),
@@ -106,6 +167,16 @@ pub fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
+}
+
+/// Unique-enough ids for responses: time and a counter.
+fn new_id(prefix: &str) -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let t = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    format!("{prefix}-{t:016x}{n:08x}")
 }
 
 /// Every route the server has, as (method, path); `openapi/openapi.yaml`
@@ -160,20 +231,20 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
                 _ => web::post(),
             };
             let route = match (method, path) {
-                (_, "/health") => route.to(handlers::health),
-                (_, "/v1/models") => route.to(handlers::models),
-                (_, "/v1/chat/completions") => route.to(handlers::chat_completions),
-                (_, "/v1/completions") => route.to(handlers::completions),
-                (_, "/v1/embeddings") => route.to(handlers::embeddings),
-                (_, "/tokenize") => route.to(handlers::tokenize),
-                (_, "/detokenize") => route.to(handlers::detokenize),
-                (_, "/v1/decide") => route.to(handlers::decide),
-                (_, "/metrics") => route.to(handlers::metrics),
-                ("POST", "/v1/tasks") => route.to(handlers::create_task),
-                ("GET", "/v1/tasks") => route.to(handlers::list_tasks),
-                ("GET", "/v1/tasks/{id}") => route.to(handlers::get_task),
-                ("DELETE", "/v1/tasks/{id}") => route.to(handlers::delete_task),
-                (_, "/openapi.json") => route.to(handlers::openapi),
+                (_, "/health") => route.to(service::health),
+                (_, "/v1/models") => route.to(service::models),
+                (_, "/v1/chat/completions") => route.to(chat::chat_completions),
+                (_, "/v1/completions") => route.to(completions::completions),
+                (_, "/v1/embeddings") => route.to(embeddings::embeddings),
+                (_, "/tokenize") => route.to(tokens::tokenize),
+                (_, "/detokenize") => route.to(tokens::detokenize),
+                (_, "/v1/decide") => route.to(decisions::decide),
+                (_, "/metrics") => route.to(service::metrics),
+                ("POST", "/v1/tasks") => route.to(tasks::create_task),
+                ("GET", "/v1/tasks") => route.to(tasks::list_tasks),
+                ("GET", "/v1/tasks/{id}") => route.to(tasks::get_task),
+                ("DELETE", "/v1/tasks/{id}") => route.to(tasks::delete_task),
+                (_, "/openapi.json") => route.to(service::openapi),
                 other => unreachable!("no handler for {other:?}"),
             };
             resource = resource.route(route);
@@ -189,7 +260,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
         }));
         cfg.service(resource.default_service(web::to(move |req: HttpRequest| {
             let allow = allow.clone();
-            async move { handlers::method_not_allowed(req, allow) }
+            async move { service::method_not_allowed(req, allow) }
         })));
     }
 }
@@ -203,7 +274,7 @@ pub async fn serve(state: AppState, host: &str, port: u16) -> std::io::Result<()
             .wrap(middleware::from_fn(auth::require_api_key))
             .wrap(middleware::from_fn(observe::record))
             .configure(configure)
-            .default_service(web::to(handlers::not_found))
+            .default_service(web::to(service::not_found))
     })
     .bind((host, port))?;
     for addr in server.addrs() {

@@ -1,0 +1,528 @@
+//! The `/v1/tasks` routes: registering a task (`POST`, answered 202 while
+//! it fits in the background), listing, reading and deleting tasks; their
+//! request and response bodies and the validation of a registration.
+
+use actix_web::{web, HttpRequest, HttpResponse};
+use serde::{Deserialize, Serialize};
+
+use super::body::read_json;
+use super::error::ApiError;
+use super::fields::int;
+use super::AppState;
+use crate::route::decide::check_question;
+use crate::route::Question;
+use crate::settings::Limits;
+use crate::tasks::{Abstention, DrawSpec, Example, Kind, TaskRecord, TaskSpec};
+
+type Result<T> = std::result::Result<T, ApiError>;
+
+/// `POST /v1/tasks`: a registration.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TaskRequest {
+    pub name: String,
+    /// `choice` (the default) or `intent`.
+    pub kind: Option<String>,
+    pub question: String,
+    /// The options of a choice task.
+    pub options: Option<Vec<String>>,
+    /// The labels of an intent task.
+    pub labels: Option<Vec<String>>,
+    pub examples: Vec<TaskExampleIn>,
+    /// Share of the examples held out for the figures (default 0.2).
+    pub holdout: Option<f64>,
+    #[serde(default, deserialize_with = "int::opt")]
+    pub seed: Option<i64>,
+    pub abstention: Option<AbstentionIn>,
+    /// An intent task's head: `{"layer": -1}` (the final norm's output,
+    /// the default) or a block's index.
+    pub head: Option<TaskHeadIn>,
+    /// Heads fitted on `draws` draws of `shots` examples per label (intent
+    /// tasks; both or neither).
+    #[serde(default, deserialize_with = "int::opt")]
+    pub draws: Option<i64>,
+    #[serde(default, deserialize_with = "int::opt")]
+    pub shots: Option<i64>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TaskHeadIn {
+    #[serde(default, deserialize_with = "int::opt")]
+    pub layer: Option<i64>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct TaskHeadOut {
+    /// `-1`: the final norm's output; else the block's index.
+    pub layer: i64,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TaskExampleIn {
+    pub state: String,
+    /// One of the task's options (or labels), verbatim after trimming.
+    pub label: String,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AbstentionIn {
+    pub target_accuracy: Option<f64>,
+    pub abstain_below: Option<f64>,
+}
+
+/// A task as `GET /v1/tasks/{id}` shows it (the examples by count only).
+#[derive(Clone, Debug, Serialize)]
+pub struct TaskOut {
+    pub id: String,
+    pub object: &'static str,
+    pub name: String,
+    pub kind: crate::tasks::Kind,
+    pub status: crate::tasks::Status,
+    pub created: u64,
+    pub question: String,
+    /// A choice task's options.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub options: Option<Vec<String>>,
+    /// An intent task's labels.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub labels: Option<Vec<String>>,
+    /// An intent task's head.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub head: Option<TaskHeadOut>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub draws: Option<crate::tasks::DrawSpec>,
+    pub examples: usize,
+    pub holdout: f64,
+    pub seed: u64,
+    pub abstention: Option<crate::tasks::Abstention>,
+    pub progress: crate::tasks::Progress,
+    pub error: Option<String>,
+    /// The fitted figures, once ready.
+    pub result: Option<crate::tasks::Report>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct TaskList {
+    pub object: &'static str,
+    pub data: Vec<TaskOut>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct TaskDeleted {
+    pub id: String,
+    pub object: &'static str,
+    pub deleted: bool,
+    /// Whether a queued or running registration was cancelled.
+    pub cancelled: bool,
+}
+
+/// Bounds of a share or probability in (0, 1] (or (0, 1) when `open`).
+fn unit(value: f64, open: bool, param: &str) -> Result<f64> {
+    let ok = value.is_finite() && value > 0.0 && (value < 1.0 || (!open && value == 1.0));
+    if !ok {
+        let range = if open { "(0, 1)" } else { "(0, 1]" };
+        return Err(ApiError::invalid(
+            param,
+            format!("`{param}` must be in {range}; got {value}"),
+        ));
+    }
+    Ok(value)
+}
+
+/// A registration: a task spec and its examples, each label an option's
+/// index, or a 400 naming the field.
+/// `layers` is the backend's tappable blocks (`None`: it returns no hidden
+/// states, so intent tasks are refused), `backend` its name and `hint`
+/// what would make it return them.
+fn validate(
+    req: &TaskRequest,
+    limits: &Limits,
+    layers: Option<usize>,
+    backend: &str,
+    hint: &str,
+) -> Result<(TaskSpec, Vec<Example>)> {
+    let name = req.name.trim();
+    if name.is_empty()
+        || name.len() > limits.max_task_name_bytes
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    {
+        return Err(ApiError::invalid(
+            "name",
+            format!(
+                "a task name is 1 to {} characters of A-Z, a-z, 0-9, `-`, `_` and `.`; got `{}`",
+                limits.max_task_name_bytes, req.name
+            ),
+        ));
+    }
+    let kind = match req.kind.as_deref() {
+        None | Some("choice") => Kind::Choice,
+        Some("intent") => Kind::Intent,
+        Some(other) => {
+            return Err(ApiError::invalid(
+                "kind",
+                format!("`kind` must be `choice` or `intent`; got `{other}`"),
+            ))
+        }
+    };
+    let (labels, field, head_layer, draws) = match kind {
+        Kind::Choice => {
+            choice_only(req)?;
+            (choice_options(req)?, "options", None, None)
+        }
+        Kind::Intent => {
+            let Some(layers) = layers else {
+                return Err(ApiError::invalid(
+                    "kind",
+                    format!(
+                        "`intent` tasks read hidden states, which the {backend} backend does \
+                         not return{hint}; register a `choice` task (up to 26 options)"
+                    ),
+                ));
+            };
+            (
+                intent_labels(req, limits)?,
+                "labels",
+                head_layer(req, layers)?,
+                draws(req, limits)?,
+            )
+        }
+    };
+    let n = req.examples.len();
+    if n < 2 || n > limits.max_task_examples {
+        return Err(ApiError::invalid(
+            "examples",
+            format!(
+                "a registration takes 2 to {} examples; got {n}",
+                limits.max_task_examples
+            ),
+        ));
+    }
+    let mut counts = vec![0usize; labels.len()];
+    let mut examples = Vec::with_capacity(n);
+    for (i, e) in req.examples.iter().enumerate() {
+        if e.state.trim().is_empty() {
+            return Err(ApiError::invalid(
+                &format!("examples[{i}].state"),
+                "the state is empty",
+            ));
+        }
+        let label = labels
+            .iter()
+            .position(|l| l == e.label.trim())
+            .ok_or_else(|| {
+                ApiError::invalid(
+                    &format!("examples[{i}].label"),
+                    format!("the label `{}` is not one of the task's {field}", e.label),
+                )
+            })?;
+        counts[label] += 1;
+        examples.push(Example {
+            state: e.state.clone(),
+            label,
+        });
+    }
+    if let Some(j) = counts.iter().position(|&c| c == 0) {
+        return Err(ApiError::invalid(
+            &format!("{field}[{j}]"),
+            format!(
+                "the {} `{}` has no example",
+                &field[..field.len() - 1],
+                labels[j]
+            ),
+        ));
+    }
+    let holdout = unit(req.holdout.unwrap_or(0.2), true, "holdout")?;
+    let seed = match req.seed {
+        None => 0,
+        Some(s) if s >= 0 => s as u64,
+        Some(s) => {
+            return Err(ApiError::invalid(
+                "seed",
+                format!("`seed` must be 0 or more; got {s}"),
+            ))
+        }
+    };
+    let abstention = match &req.abstention {
+        None => None,
+        Some(a) => match (a.target_accuracy, a.abstain_below) {
+            (Some(t), None) => Some(Abstention::TargetAccuracy(unit(
+                t,
+                false,
+                "abstention.target_accuracy",
+            )?)),
+            (None, Some(b)) => Some(Abstention::AbstainBelow(unit(
+                b,
+                false,
+                "abstention.abstain_below",
+            )?)),
+            _ => {
+                return Err(ApiError::invalid(
+                    "abstention",
+                    "`abstention` takes exactly one of `target_accuracy` and `abstain_below`",
+                ))
+            }
+        },
+    };
+    Ok((
+        TaskSpec {
+            name: name.to_string(),
+            kind,
+            question: req.question.trim().to_string(),
+            labels,
+            holdout,
+            seed,
+            abstention,
+            head_layer,
+            draws,
+        },
+        examples,
+    ))
+}
+
+/// Fields of intent tasks, refused on a choice task.
+fn choice_only(req: &TaskRequest) -> Result<()> {
+    for (set, field) in [
+        (req.labels.is_some(), "labels"),
+        (req.head.is_some(), "head"),
+        (req.draws.is_some(), "draws"),
+        (req.shots.is_some(), "shots"),
+    ] {
+        if set {
+            return Err(ApiError::invalid(
+                field,
+                format!(
+                    "`{field}` applies to `intent` tasks only (a `choice` task takes `options`)"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A choice task's options, checked as a decision's question is.
+fn choice_options(req: &TaskRequest) -> Result<Vec<String>> {
+    let options = req
+        .options
+        .clone()
+        .ok_or_else(|| ApiError::invalid("options", "a `choice` task needs `options`"))?;
+    let probe = Question {
+        id: None,
+        text: req.question.clone(),
+        options,
+        abstain_below: None,
+        temperature: None,
+        head: None,
+    };
+    // The same rules as a decision's question, with the registration's names.
+    check_question(&probe, "task").map_err(|e| match ApiError::from(e) {
+        ApiError::BadRequest { message, param } => ApiError::BadRequest {
+            message,
+            param: param.map(|p| {
+                p.trim_start_matches("task.")
+                    .replacen("text", "question", 1)
+            }),
+        },
+        other => other,
+    })?;
+    Ok(probe.options.iter().map(|o| o.trim().to_string()).collect())
+}
+
+/// An intent task's labels: 2 to `max_task_labels`, none empty, none
+/// twice, none longer than `max_task_label_bytes`.
+fn intent_labels(req: &TaskRequest, limits: &Limits) -> Result<Vec<String>> {
+    if req.options.is_some() {
+        return Err(ApiError::invalid(
+            "options",
+            "an `intent` task takes `labels`; `options` are for `choice` tasks",
+        ));
+    }
+    if req.question.trim().is_empty() {
+        return Err(ApiError::invalid("question", "the question is empty"));
+    }
+    let labels = req
+        .labels
+        .as_ref()
+        .ok_or_else(|| ApiError::invalid("labels", "an `intent` task needs `labels`"))?;
+    let max = limits.max_task_labels;
+    if labels.len() < 2 || labels.len() > max {
+        return Err(ApiError::invalid(
+            "labels",
+            format!(
+                "an intent task takes 2 to {max} labels; got {}",
+                labels.len()
+            ),
+        ));
+    }
+    let mut seen = std::collections::HashSet::new();
+    let mut out = Vec::with_capacity(labels.len());
+    for (i, l) in labels.iter().enumerate() {
+        let l = l.trim();
+        if l.is_empty() {
+            return Err(ApiError::invalid(
+                &format!("labels[{i}]"),
+                "a label is empty",
+            ));
+        }
+        if l.len() > limits.max_task_label_bytes {
+            return Err(ApiError::invalid(
+                &format!("labels[{i}]"),
+                format!(
+                    "a label is at most {} bytes; this one is {}",
+                    limits.max_task_label_bytes,
+                    l.len()
+                ),
+            ));
+        }
+        if !seen.insert(l) {
+            return Err(ApiError::invalid(
+                &format!("labels[{i}]"),
+                format!("the label `{l}` appears twice"),
+            ));
+        }
+        out.push(l.to_string());
+    }
+    Ok(out)
+}
+
+/// `head.layer`: -1 or absent for the final norm's output, else a block
+/// index below `layers`.
+fn head_layer(req: &TaskRequest, layers: usize) -> Result<Option<usize>> {
+    match req.head.as_ref().and_then(|h| h.layer) {
+        None | Some(-1) => Ok(None),
+        Some(k) if layers == 0 => Err(ApiError::invalid(
+            "head.layer",
+            format!(
+                "this backend returns the final norm's output only (its head upstream's \
+                 embeddings), so `head.layer` must be -1 or left out; got {k}"
+            ),
+        )),
+        Some(k) if k >= 0 && (k as u64) < layers as u64 => Ok(Some(k as usize)),
+        Some(k) => Err(ApiError::invalid(
+            "head.layer",
+            format!(
+                "`head.layer` is -1 (the final norm's output) or a block of this model, 0 to {}; \
+                 got {k}",
+                layers.saturating_sub(1)
+            ),
+        )),
+    }
+}
+
+/// `draws` and `shots`: both or neither, draws 1 to `max_task_draws`,
+/// shots 1 to `max_task_examples`.
+fn draws(req: &TaskRequest, limits: &Limits) -> Result<Option<DrawSpec>> {
+    match (req.draws, req.shots) {
+        (None, None) => Ok(None),
+        (Some(d), Some(s)) => {
+            if d < 1 || d as u64 > limits.max_task_draws as u64 {
+                return Err(ApiError::invalid(
+                    "draws",
+                    format!("`draws` is 1 to {}; got {d}", limits.max_task_draws),
+                ));
+            }
+            if s < 1 || s as u64 > limits.max_task_examples as u64 {
+                return Err(ApiError::invalid(
+                    "shots",
+                    format!(
+                        "`shots` (examples per label in each draw) is 1 to {}; got {s}",
+                        limits.max_task_examples
+                    ),
+                ));
+            }
+            Ok(Some(DrawSpec {
+                draws: d as usize,
+                shots: s as usize,
+            }))
+        }
+        (Some(_), None) => Err(ApiError::invalid(
+            "shots",
+            "`draws` needs `shots`: the examples per label in each draw",
+        )),
+        (None, Some(_)) => Err(ApiError::invalid(
+            "draws",
+            "`shots` needs `draws`: how many heads to fit",
+        )),
+    }
+}
+
+fn task_out(r: &TaskRecord) -> TaskOut {
+    TaskOut {
+        id: r.id.clone(),
+        object: "task",
+        name: r.spec.name.clone(),
+        kind: r.spec.kind,
+        status: r.status,
+        created: r.created,
+        question: r.spec.question.clone(),
+        options: (r.spec.kind == Kind::Choice).then(|| r.spec.labels.clone()),
+        labels: (r.spec.kind == Kind::Intent).then(|| r.spec.labels.clone()),
+        head: (r.spec.kind == Kind::Intent).then(|| TaskHeadOut {
+            layer: r.spec.head_layer.map_or(-1, |l| l as i64),
+        }),
+        draws: r.spec.draws,
+        examples: r.progress.total,
+        holdout: r.spec.holdout,
+        seed: r.spec.seed,
+        abstention: r.spec.abstention,
+        progress: r.progress.clone(),
+        error: r.error.clone(),
+        result: r.report.clone(),
+    }
+}
+
+/// `POST /v1/tasks`: queues a registration; 202 with the task and its
+/// `Location`.
+pub async fn create_task(
+    req: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse> {
+    let body: TaskRequest = read_json(&req, payload, state.limits.max_task_body_bytes).await?;
+    let layers = state.route.engine().hidden_layers();
+    let caps = state.route.engine().capabilities();
+    let (spec, examples) = validate(&body, &state.limits, layers, caps.name, caps.hidden_hint)?;
+    let tasks = state.tasks.clone();
+    // Writing the examples to the state folder syncs the disk: off the
+    // server's threads.
+    let record = web::block(move || tasks.register(spec, examples))
+        .await
+        .map_err(|e| ApiError::Internal(e.to_string()))??;
+    Ok(HttpResponse::Accepted()
+        .insert_header(("Location", format!("/v1/tasks/{}", record.id)))
+        .json(task_out(&record)))
+}
+
+pub async fn list_tasks(state: web::Data<AppState>) -> HttpResponse {
+    HttpResponse::Ok().json(TaskList {
+        object: "list",
+        data: state.tasks.list().iter().map(task_out).collect(),
+    })
+}
+
+pub async fn get_task(id: web::Path<String>, state: web::Data<AppState>) -> Result<HttpResponse> {
+    Ok(HttpResponse::Ok().json(task_out(&state.tasks.get(&id)?)))
+}
+
+/// `DELETE /v1/tasks/{id}`: removes the task, cancelling its registration
+/// first when it is queued or running.
+pub async fn delete_task(
+    id: web::Path<String>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse> {
+    let tasks = state.tasks.clone();
+    let id = id.into_inner();
+    let deleted = web::block(move || tasks.delete(&id))
+        .await
+        .map_err(|e| ApiError::Internal(e.to_string()))??;
+    Ok(HttpResponse::Ok().json(TaskDeleted {
+        id: deleted.record.id,
+        object: "task.deleted",
+        deleted: true,
+        cancelled: deleted.cancelled,
+    }))
+}
