@@ -12,7 +12,8 @@ use crate::engine::{
     MultiQuestion, PackedPrompt, PadPolicy, QuestionScore, QuestionTokens, ScoreRequest, StateHash,
 };
 use crate::prompt::ChatTemplate;
-use crate::tasks::head::Head;
+use crate::stats::head::Head;
+use crate::stats::{self, top_option};
 
 /// The letters of options, in order; at most 26 options per question.
 pub const LETTERS: [&str; 26] = [
@@ -223,31 +224,18 @@ pub fn check_question(q: &Question, param: &str) -> Result<(), RouteError> {
 /// Calibrated probabilities: softmax over the option letters' logits divided
 /// by `temperature`, in f64, stored as f32.
 pub fn calibrate(logits: &[f32], temperature: f64) -> Vec<f32> {
-    let z: Vec<f64> = logits.iter().map(|&l| f64::from(l) / temperature).collect();
-    let max = z.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    let e: Vec<f64> = z.iter().map(|v| (v - max).exp()).collect();
-    let total: f64 = e.iter().sum();
-    e.iter().map(|v| (v / total) as f32).collect()
+    f32s(stats::softmax(logits, temperature))
 }
 
 /// Calibrated log-probabilities: `log_softmax(logit / T)` over the option
 /// letters, in f64, stored as f32.
 pub fn calibrated_logprobs(logits: &[f32], temperature: f64) -> Vec<f32> {
-    let z: Vec<f64> = logits.iter().map(|&l| f64::from(l) / temperature).collect();
-    let max = z.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    let norm = max + z.iter().map(|v| (v - max).exp()).sum::<f64>().ln();
-    z.iter().map(|v| (v - norm) as f32).collect()
+    f32s(stats::log_softmax(logits, temperature))
 }
 
-/// The top option (earliest among exact equals) and whether it was a tie.
-pub fn top_option(probabilities: &[f32]) -> (usize, bool) {
-    let best = probabilities
-        .iter()
-        .copied()
-        .fold(f32::NEG_INFINITY, f32::max);
-    let first = probabilities.iter().position(|&p| p == best).unwrap_or(0);
-    let count = probabilities.iter().filter(|&&p| p == best).count();
-    (first, count > 1)
+/// f64 values stored as f32, as answers serve them.
+fn f32s(v: Vec<f64>) -> Vec<f32> {
+    v.into_iter().map(|x| x as f32).collect()
 }
 
 /// Template arguments for decisions: thinking off where the template has

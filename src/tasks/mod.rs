@@ -11,12 +11,13 @@
 //! resumes from its checkpoint. Decisions name a ready task instead of
 //! options ([`TaskRegistry::question`]).
 //!
+//! The mathematics (the temperature fit, the figures, the intent head) is
+//! in [`crate::stats`]; [`calibrate`] and [`head`] name its modules here.
+//!
 //! This module knows nothing of HTTP: the server validates bodies into a
 //! [`TaskSpec`] and maps [`TaskError`] to statuses.
 //! `docs/design/tasks.md` states every rule.
 
-pub mod calibrate;
-pub mod head;
 pub mod store;
 
 use std::collections::{BTreeMap, HashMap};
@@ -27,12 +28,14 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use self::calibrate::{Figures, Threshold};
-use self::head::{DrawsReport, Head, HeadReport};
+pub use crate::stats::{calibrate, head};
+
 use self::store::Store;
 use crate::engine::EngineError;
 use crate::metrics::Metrics;
 use crate::route::{Question, RouteError, State, TextRoute};
+use crate::stats::calibrate::{Figures, Threshold};
+use crate::stats::head::{DrawsReport, Head, HeadReport};
 
 /// The version of the files in the state folder; files of another version
 /// are refused at start with a message naming both.
