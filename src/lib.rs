@@ -17,7 +17,9 @@
 //! - [`client`], [`progress`]: the HTTP client and the progress display
 //!   those commands share.
 //! - [`tasks`]: task registration: the state folder, the background
-//!   worker, the temperature fit and the calibration figures.
+//!   worker and the reports.
+//! - [`stats`]: the mathematics below the route and the tasks: softmax,
+//!   calibration figures, the temperature fit, the intent head.
 //! - [`settings`]: every limit and default, in one place.
 //! - [`bases`]: the production bases: their conversions, tokenizers,
 //!   settings and refusals, as data.
@@ -38,5 +40,6 @@ pub mod rng;
 pub mod route;
 pub mod server;
 pub mod settings;
+pub mod stats;
 pub mod suite;
 pub mod tasks;

@@ -26,6 +26,7 @@ use serde::{Deserialize, Serialize};
 
 use super::record::{AnswerRecord, Record, SdkCheck, SDK_FILE};
 use crate::rng::SplitMix;
+use crate::stats;
 
 /// The arguments of `decisio gate`.
 #[derive(clap::Args)]
@@ -493,8 +494,8 @@ pub fn compare(
 /// KL(reference || candidate) of one answer's options, in nats, from the
 /// letters' log-probabilities renormalised over the options.
 fn kl(c: &AnswerRecord, r: &AnswerRecord) -> f64 {
-    let lc = crate::tasks::calibrate::log_softmax(&c.letter_logprobs, 1.0);
-    let lr = crate::tasks::calibrate::log_softmax(&r.letter_logprobs, 1.0);
+    let lc = stats::log_softmax(&c.letter_logprobs, 1.0);
+    let lr = stats::log_softmax(&r.letter_logprobs, 1.0);
     lr.iter()
         .zip(&lc)
         .map(|(r, c)| r.exp() * (r - c))

@@ -10,7 +10,7 @@ use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 
 use super::record::Record;
-use crate::tasks::calibrate::Figures;
+use crate::stats::calibrate::Figures;
 
 /// The plots' TrueType font: the one given, else the first usual system
 /// font found (DejaVu Sans on Debian, Arial on macOS).

@@ -11,8 +11,8 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::tasks::calibrate::{self, Figures};
-use crate::tasks::head::Draw;
+use crate::stats::calibrate::{self, Figures};
+use crate::stats::head::Draw;
 
 /// The record format this build writes and reads.
 pub const RECORD_FORMAT: &str = "decisio-record/1";

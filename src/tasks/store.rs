@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use super::head::Head;
 use super::{Example, TaskRecord, FORMAT_VERSION};
+use crate::stats::head::Head;
 
 /// An intent task's fitted head.
 #[derive(Clone, Debug, Serialize, Deserialize)]

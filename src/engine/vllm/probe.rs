@@ -18,6 +18,7 @@ use super::protocol::{
     NeutralSampling,
 };
 use super::{secs, Inner, LetterMethod, MethodChoice};
+use crate::stats::log_sum_exp;
 
 /// What the probe learned about one completions upstream.
 #[derive(Clone, Debug)]
@@ -218,7 +219,7 @@ fn every_letter(r: &CompletionResponse, letters: &[u32], normalised: bool) -> bo
         .iter()
         .filter_map(|l| found.get(l).copied())
         .collect();
-    got.len() == letters.len() && (!normalised || logsumexp(&got).abs() < 1e-3)
+    got.len() == letters.len() && (!normalised || log_sum_exp(&got).abs() < 1e-3)
 }
 
 /// Whether the upstream takes images in chat completions: `None` when it
@@ -267,11 +268,6 @@ pub fn neutral_sampling(body: &mut serde_json::Value) {
             o.entry(k).or_insert(v);
         }
     }
-}
-
-pub fn logsumexp(v: &[f64]) -> f64 {
-    let max = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    max + v.iter().map(|x| (x - max).exp()).sum::<f64>().ln()
 }
 
 /// The first generated position's alternatives, by token id.

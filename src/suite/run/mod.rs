@@ -12,23 +12,32 @@
 //! Questions sharing a state go in one `POST /v1/decide` (up to
 //! `--questions-per-request`), `--concurrency` requests at a time, each
 //! question at temperature 1 so that fitted temperatures are absolute.
+//!
+//! `journal.rs` keeps the answers as they arrive, `ask.rs` asks the server,
+//! `intent.rs` registers the intent sets; this file runs the whole and
+//! assembles the record.
+
+mod ask;
+mod intent;
+mod journal;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::fs::{File, OpenOptions};
-use std::io::{BufRead, BufReader, Write};
+use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+use self::ask::{ask, request};
+use self::intent::intent;
+use self::journal::{read_journal, Journal, Line};
 use super::data::{self, Item, State};
 use super::record::{
-    AnswerRecord, ChoiceRecord, Conformance, IntentRecord, Latency, Quantiles, Record,
-    ServedHoldout, SetFigures, SuiteId, RECORD_FORMAT,
+    AnswerRecord, ChoiceRecord, Conformance, IntentRecord, Latency, Quantiles, Record, SetFigures,
+    SuiteId, RECORD_FORMAT,
 };
 use super::{Extra, Loaded};
 use crate::client::Client;
@@ -74,335 +83,8 @@ pub struct RunArgs {
     pub font: Option<PathBuf>,
 }
 
-/// One line of the journal.
-#[derive(Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-enum Line {
-    Start {
-        suite: String,
-        server: Value,
-        model: String,
-    },
-    Answer {
-        set: String,
-        answer: AnswerRecord,
-        /// Milliseconds of the request over its questions.
-        ms: f64,
-        cached: bool,
-        /// Seconds since this session started.
-        t: f64,
-    },
-    Conformance {
-        record: Conformance,
-        ms: f64,
-        cached: bool,
-        t: f64,
-    },
-    Intent {
-        record: IntentRecord,
-        t: f64,
-    },
-}
-
-struct Journal {
-    file: File,
-    started: Instant,
-}
-
-impl Journal {
-    fn write(&mut self, line: &Line) -> Result<()> {
-        let mut text = serde_json::to_string(line)?;
-        text.push('\n');
-        self.file.write_all(text.as_bytes())?;
-        self.file.flush()?;
-        Ok(())
-    }
-
-    fn t(&self) -> f64 {
-        self.started.elapsed().as_secs_f64()
-    }
-}
-
-/// The lines of a journal; a torn last line is dropped and the file
-/// rewritten without it.
-fn read_journal(path: &Path) -> Result<Vec<Line>> {
-    if !path.exists() {
-        return Ok(Vec::new());
-    }
-    let reader = BufReader::new(File::open(path)?);
-    let mut lines = Vec::new();
-    let mut keep = String::new();
-    let mut torn = false;
-    for raw in reader.split(b'\n') {
-        let raw = raw?;
-        match serde_json::from_slice::<Line>(&raw) {
-            Ok(l) => {
-                keep.push_str(std::str::from_utf8(&raw)?);
-                keep.push('\n');
-                lines.push(l);
-            }
-            Err(_) if raw.iter().all(u8::is_ascii_whitespace) => {}
-            Err(_) => torn = true,
-        }
-    }
-    if torn {
-        let tmp = path.with_extension("jsonl.tmp");
-        std::fs::write(&tmp, keep)?;
-        std::fs::rename(&tmp, path)?;
-    }
-    Ok(lines)
-}
-
-/// An answer from the server's JSON, its values by letter in option order.
-fn answer_of(v: &Value, item: &Item) -> Result<AnswerRecord> {
-    let by_letter = |field: &str| -> Result<Vec<f32>> {
-        (0..item.options.len())
-            .map(|i| {
-                let letter = ((b'A' + i as u8) as char).to_string();
-                v[field][&letter]
-                    .as_f64()
-                    .map(|x| x as f32)
-                    .with_context(|| format!("the answer to `{}` has no {field}.{letter}", item.id))
-            })
-            .collect()
-    };
-    Ok(AnswerRecord {
-        id: item.id.clone(),
-        gold: item.answer,
-        index: v["index"].as_u64().map(|i| i as usize),
-        probabilities: by_letter("probabilities")?,
-        letter_logprobs: by_letter("letter_logprobs")?,
-    })
-}
-
-fn question(item: &Item) -> Value {
-    json!({"id": item.id, "text": item.question, "options": item.options, "temperature": 1.0})
-}
-
-/// A chat question's request: its messages and the question as the last
-/// user message, the options in the `decisio` object, as an OpenAI SDK
-/// sends it (`extra_body`).
-fn chat_body(model: &str, messages: &[Value], item: &Item) -> Value {
-    let mut all = messages.to_vec();
-    all.push(json!({"role": "user", "content": item.question}));
-    json!({
-        "model": model,
-        "messages": all,
-        "decisio": {"options": item.options, "temperature": 1.0},
-    })
-}
-
-/// The surface a question is asked through, and the request.
-fn request(model: &str, items: &[&Item]) -> (&'static str, Value) {
-    match &items[0].state {
-        State::Text(state) => (
-            "/v1/decide",
-            json!({
-                "model": model,
-                "state": state,
-                "questions": items.iter().map(|i| question(i)).collect::<Vec<_>>(),
-            }),
-        ),
-        State::Chat(messages) => {
-            debug_assert_eq!(items.len(), 1, "a chat question is asked alone");
-            ("/v1/chat/completions", chat_body(model, messages, items[0]))
-        }
-    }
-}
-
-/// Asks `items` (of one state; a chat question alone) in one request:
-/// (answers, ms per question, whether the state was cached).
-fn ask(client: &Client, model: &str, items: &[&Item]) -> Result<(Vec<AnswerRecord>, f64, bool)> {
-    let (path, body) = request(model, items);
-    let t0 = Instant::now();
-    let reply = client.post(path, &body)?;
-    let ms = t0.elapsed().as_secs_f64() * 1e3 / items.len() as f64;
-    if reply.status != 200 {
-        bail!(
-            "the server refused the question `{}`: {}",
-            items[0].id,
-            reply.error()
-        );
-    }
-    // `/v1/decide` answers with `answers` and `state`; a chat decision with
-    // its `decisio` object's `answer` and `state`.
-    let (answers, state) = match &items[0].state {
-        State::Text(_) => (reply.body["answers"].clone(), &reply.body["state"]),
-        State::Chat(_) => (
-            Value::Array(vec![reply.body["decisio"]["answer"].clone()]),
-            &reply.body["decisio"]["state"],
-        ),
-    };
-    let answers = answers
-        .as_array()
-        .filter(|a| a.iter().all(Value::is_object))
-        .context("the decision reply has no answers")?;
-    if answers.len() != items.len() {
-        bail!("{} questions asked, {} answers", items.len(), answers.len());
-    }
-    let out = answers
-        .iter()
-        .zip(items)
-        .map(|(a, i)| answer_of(a, i))
-        .collect::<Result<_>>()?;
-    Ok((out, ms, state["cached"].as_bool().unwrap_or(false)))
-}
-
 fn bar(len: usize, what: &str) -> Progress {
     Progress::new(len as u64, what)
-}
-
-/// A task name for an intent set of this suite.
-fn task_name(suite: &str, set: &str) -> String {
-    let clean = |s: &str| -> String {
-        s.chars()
-            .map(|c| {
-                if c.is_ascii_alphanumeric() || c == '-' {
-                    c
-                } else {
-                    '-'
-                }
-            })
-            .collect()
-    };
-    format!("suite.{}.{}", clean(suite), clean(set))
-}
-
-/// Registers an intent set (or finds its registration from an interrupted
-/// run), follows it, reads its heads over draws, and deletes the task.
-fn intent(client: &Client, loaded: &Loaded, set: &super::IntentSet) -> Result<IntentRecord> {
-    let rows = data::intent_rows(loaded, set)?;
-    let name = task_name(&loaded.suite.name, &set.name);
-    let reg = crate::register::Intent {
-        name: &name,
-        question: &set.question,
-        holdout: set.holdout,
-        seed: Some(loaded.suite.seed as i64),
-        layer: set.layer,
-        draws: Some(set.draws as i64),
-        shots: Some(set.shots as i64),
-    };
-    let body = reg.body(&rows);
-    let labels = body["labels"].as_array().map_or(0, Vec::len);
-    let reply = client.post("/v1/tasks", &body)?;
-    let id = match reply.status {
-        202 => reply.body["id"].as_str().context("no task id")?.to_string(),
-        409 if reply.body["error"]["code"] == "task_exists" => {
-            let list = client.get("/v1/tasks")?;
-            let found = list.body["data"]
-                .as_array()
-                .and_then(|d| d.iter().find(|t| t["name"] == name.as_str()))
-                .with_context(|| format!("the task `{name}` exists but is not listed"))?;
-            if found["status"] == "failed" {
-                client.delete(&format!("/v1/tasks/{}", found["id"].as_str().unwrap_or("")))?;
-                return intent(client, loaded, set);
-            }
-            eprintln!(
-                "intent set `{}`: following the registration `{name}` of an interrupted run",
-                set.name
-            );
-            found["id"].as_str().context("no task id")?.to_string()
-        }
-        _ => bail!(
-            "the server refused the intent set `{}`: {}",
-            set.name,
-            reply.error()
-        ),
-    };
-    let task = crate::register::follow(client, &id, Duration::from_secs(1))?;
-    if task["status"] != "ready" {
-        bail!(
-            "the intent set `{}` ended {}: {}",
-            set.name,
-            task["status"],
-            task["error"].as_str().unwrap_or("no reason given")
-        );
-    }
-    let r = &task["result"];
-    let d = &r["draws"];
-    let served = served_holdout(client, &name, &rows, r)?;
-    let record = IntentRecord {
-        name: set.name.clone(),
-        labels,
-        examples: rows.len(),
-        draws: set.draws,
-        shots: set.shots,
-        per_draw: serde_json::from_value(d["per_draw"].clone())
-            .context("the task's result has no draws")?,
-        accuracy_mean: d["accuracy_mean"].as_f64().unwrap_or(f64::NAN),
-        accuracy_sd: d["accuracy_sd"].as_f64().unwrap_or(f64::NAN),
-        ece_mean: d["ece_mean"].as_f64().unwrap_or(f64::NAN),
-        ece_sd: d["ece_sd"].as_f64().unwrap_or(f64::NAN),
-        after: serde_json::from_value(r["after"].clone())
-            .context("the task's result has no figures")?,
-        served,
-        result: r.clone(),
-    };
-    let deleted = client.delete(&format!("/v1/tasks/{id}"))?;
-    if deleted.status != 200 {
-        eprintln!(
-            "warning: the task `{name}` could not be deleted: {}",
-            deleted.error()
-        );
-    }
-    Ok(record)
-}
-
-/// The task's held-out examples asked again as served decisions, their
-/// accuracy and NLL beside the registration's figures at its temperature.
-fn served_holdout(
-    client: &Client,
-    name: &str,
-    rows: &[(String, String)],
-    result: &Value,
-) -> Result<ServedHoldout> {
-    let held: Vec<usize> = serde_json::from_value(result["holdout_indices"].clone())
-        .context("the task's result has no holdout")?;
-    let pb = bar(held.len(), "intent holdout, served");
-    let (mut right, mut nll) = (0usize, 0f64);
-    for &i in &held {
-        let (text, label) = rows.get(i).context("a holdout index beyond the examples")?;
-        let reply = client.post(
-            "/v1/decide",
-            &json!({"state": text, "questions": [{"task": name}]}),
-        )?;
-        if reply.status != 200 {
-            bail!(
-                "the server refused a held-out example of `{name}`: {}",
-                reply.error()
-            );
-        }
-        let probs = reply.body["answers"][0]["probabilities"]
-            .as_object()
-            .context("a served intent answer has no probabilities")?;
-        let p = probs.get(label).and_then(Value::as_f64).unwrap_or(0.0);
-        let best = probs
-            .iter()
-            .filter_map(|(l, v)| Some((l, v.as_f64()?)))
-            .fold(None::<(&String, f64)>, |b, (l, v)| match b {
-                Some((_, bv)) if bv >= v => b,
-                _ => Some((l, v)),
-            });
-        if best.is_some_and(|(l, _)| l == label) {
-            right += 1;
-        }
-        nll -= p.max(f64::MIN_POSITIVE).ln();
-        pb.inc(1);
-    }
-    pb.finish();
-    let n = held.len().max(1) as f64;
-    let (accuracy, nll) = (right as f64 / n, nll / n);
-    let after = &result["after"];
-    let registration_accuracy = after["accuracy"].as_f64().unwrap_or(f64::NAN);
-    let registration_nll = after["nll"].as_f64().unwrap_or(f64::NAN);
-    Ok(ServedHoldout {
-        questions: held.len(),
-        accuracy,
-        nll,
-        registration_accuracy,
-        registration_nll,
-        equal: accuracy == registration_accuracy && (nll - registration_nll).abs() <= 1e-6,
-    })
 }
 
 /// Memory figures of the server's `/metrics`: the prefix cache's bytes and

@@ -1,11 +1,13 @@
-//! Calibration figures of a choice task, as pure functions of the letter
-//! logits and the labels: the fit/holdout split, the temperature fit,
-//! accuracy, negative log-likelihood, expected calibration error, the
-//! reliability table and the abstention threshold.
+//! Calibration figures of a set of answers, as pure functions of their
+//! logits (a choice task's letters, an intent head's labels) and the
+//! labels: the fit/holdout split, the temperature fit, accuracy, negative
+//! log-likelihood, expected calibration error, the reliability table and
+//! the abstention threshold.
 //! `docs/design/tasks.md` states each definition.
 
 use serde::{Deserialize, Serialize};
 
+use super::{log_softmax, top_option};
 use crate::rng::SplitMix;
 
 /// Bins of the expected calibration error and the reliability table.
@@ -29,14 +31,6 @@ pub fn split(n: usize, holdout: f64, seed: u64) -> (Vec<usize>, Vec<usize>) {
     held.sort_unstable();
     fit.sort_unstable();
     (fit, held)
-}
-
-/// `log_softmax(logits / t)` in f64.
-pub fn log_softmax(logits: &[f32], t: f64) -> Vec<f64> {
-    let z: Vec<f64> = logits.iter().map(|&l| f64::from(l) / t).collect();
-    let max = z.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    let norm = max + z.iter().map(|v| (v - max).exp()).sum::<f64>().ln();
-    z.iter().map(|v| v - norm).collect()
 }
 
 /// Mean negative log-likelihood of the labels at temperature `t`.
@@ -129,7 +123,7 @@ pub struct Figures {
 /// probability, from log-probabilities.
 pub fn top(logp: &[f64]) -> (usize, f64) {
     let p: Vec<f32> = logp.iter().map(|v| v.exp() as f32).collect();
-    let (i, _) = crate::route::decide::top_option(&p);
+    let (i, _) = top_option(&p);
     (i, logp[i].exp())
 }
 

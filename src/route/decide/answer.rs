@@ -1,0 +1,145 @@
+//! A decision's answers: the calibrated distribution over the options
+//! (the letters' logits, or an intent head's on the hidden state, divided
+//! by the temperature), the tie-break and abstention.
+
+use super::{Answer, Question, LETTERS};
+use crate::route::TextRoute;
+use crate::stats::head::Head;
+use crate::stats::{self, top_option};
+
+/// Calibrated probabilities: softmax over the option letters' logits divided
+/// by `temperature`, in f64, stored as f32.
+pub fn calibrate(logits: &[f32], temperature: f64) -> Vec<f32> {
+    f32s(stats::softmax(logits, temperature))
+}
+
+/// Calibrated log-probabilities: `log_softmax(logit / T)` over the option
+/// letters, in f64, stored as f32.
+pub fn calibrated_logprobs(logits: &[f32], temperature: f64) -> Vec<f32> {
+    f32s(stats::log_softmax(logits, temperature))
+}
+
+/// f64 values stored as f32, as answers serve them.
+fn f32s(v: Vec<f64>) -> Vec<f32> {
+    v.into_iter().map(|x| x as f32).collect()
+}
+
+impl TextRoute {
+    /// The answer from the letters' logits: temperature (the request's, else
+    /// the base's default), abstention, tie-break.
+    pub(super) fn answer(&self, q: Question, logits: &[f32], logprobs: &[f32]) -> Answer {
+        let temperature = q.temperature.unwrap_or(self.default_temperature);
+        let probabilities = calibrate(logits, temperature);
+        let (top, tie) = top_option(&probabilities);
+        let best = probabilities[top];
+        let threshold = q.abstain_below;
+        let abstained = threshold.is_some_and(|t| f64::from(best) < t);
+        let letters = &LETTERS[..q.options.len()];
+        Answer {
+            id: q.id,
+            letter: (!abstained).then_some(letters[top]),
+            index: (!abstained).then_some(top),
+            option: (!abstained).then(|| q.options[top].clone()),
+            intent: false,
+            probabilities: letters
+                .iter()
+                .map(|l| l.to_string())
+                .zip(probabilities.iter().copied())
+                .collect(),
+            calibrated_logprobs: letters
+                .iter()
+                .map(|l| l.to_string())
+                .zip(calibrated_logprobs(logits, temperature))
+                .collect(),
+            logprobs: letters
+                .iter()
+                .map(|l| l.to_string())
+                .zip(logprobs.iter().copied())
+                .collect(),
+            temperature: temperature as f32,
+            abstained,
+            abstain_reason: abstained.then(|| {
+                format!(
+                    "the top probability {best:.4} (option {}) is below abstain_below {}",
+                    letters[top],
+                    threshold.unwrap_or_default()
+                )
+            }),
+            tie,
+            top,
+        }
+    }
+}
+
+/// An intent task's answer: the head's logits on the hidden state, divided
+/// by the temperature (the request's, else the head's), then abstention and
+/// tie-break as for letters.
+pub fn intent_answer(q: Question, head: &Head, hidden: &[f32]) -> Answer {
+    let logits = head.logits(hidden);
+    let temperature = q.temperature.unwrap_or(head.temperature);
+    let probabilities = calibrate(&logits, temperature);
+    let (top, tie) = top_option(&probabilities);
+    let best = probabilities[top];
+    let threshold = q.abstain_below;
+    let abstained = threshold.is_some_and(|t| f64::from(best) < t);
+    Answer {
+        id: q.id,
+        letter: None,
+        index: (!abstained).then_some(top),
+        option: (!abstained).then(|| q.options[top].clone()),
+        intent: true,
+        probabilities: q
+            .options
+            .iter()
+            .cloned()
+            .zip(probabilities.iter().copied())
+            .collect(),
+        calibrated_logprobs: q
+            .options
+            .iter()
+            .cloned()
+            .zip(calibrated_logprobs(&logits, temperature))
+            .collect(),
+        logprobs: Vec::new(),
+        temperature: temperature as f32,
+        abstained,
+        abstain_reason: abstained.then(|| {
+            format!(
+                "the top probability {best:.4} (label `{}`) is below abstain_below {}",
+                q.options[top],
+                threshold.unwrap_or_default()
+            )
+        }),
+        tie,
+        top,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn calibration_divides_logits_by_the_temperature() {
+        let p = calibrate(&[2.0, 1.0, 0.0], 1.0);
+        let sum: f32 = p.iter().sum();
+        assert!((sum - 1.0).abs() < 1e-6);
+        assert!(p[0] > p[1] && p[1] > p[2]);
+        let hot = calibrate(&[2.0, 1.0, 0.0], 10.0);
+        assert!(hot[0] < p[0], "a higher temperature flattens");
+        let cold = calibrate(&[2.0, 1.0, 0.0], 0.1);
+        assert!(cold[0] > 0.99);
+        // Log-probabilities stay finite where probabilities round to 0.
+        let lp = calibrated_logprobs(&[2.0, 1.0, 0.0], 0.0005);
+        assert!(lp.iter().all(|v| v.is_finite()), "{lp:?}");
+        assert_eq!(lp[0], 0.0);
+    }
+
+    #[test]
+    fn ties_go_to_the_earliest_option() {
+        assert_eq!(top_option(&[0.2, 0.4, 0.4]), (1, true));
+        assert_eq!(top_option(&[0.5, 0.3, 0.2]), (0, false));
+        let even = calibrate(&[1.5, 1.5], 1.0);
+        assert_eq!(top_option(&even), (0, true));
+    }
+}

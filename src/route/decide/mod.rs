@@ -1,0 +1,420 @@
+//! Decisions: a state and lettered questions become prompts sharing the
+//! state's prefix; the answer distribution is read from the option letters'
+//! next-token logits. `docs/design/text-route.md` states every rule here.
+//!
+//! This file holds the request's types, the checks of a question's meaning
+//! and the scoring job; `render.rs` writes the prompts, `prepare.rs` turns
+//! them into token ids, `answer.rs` reads the answers off the logits (or
+//! an intent head).
+
+mod answer;
+mod prepare;
+mod render;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde_json::Value;
+
+pub use self::answer::{calibrate, calibrated_logprobs, intent_answer};
+pub use self::render::{
+    packed_block, packed_marker, question_block, render, render_packed, Rendered, ANSWER_CUE,
+    PACKED_CUE, PACKED_SEPARATOR,
+};
+
+use super::{RouteError, TextRoute};
+use crate::engine::{MultiQuestion, QuestionScore, ScoreRequest, StateHash};
+use crate::stats::head::Head;
+
+/// The letters of options, in order; at most 26 options per question.
+pub const LETTERS: [&str; 26] = [
+    "A", "B", "C", "D", "E", "F", "G", "H", "I", "J", "K", "L", "M", "N", "O", "P", "Q", "R", "S",
+    "T", "U", "V", "W", "X", "Y", "Z",
+];
+
+/// The letters' temperatures a question may ask for. Beyond them the
+/// probabilities are 0 and 1, or uniform, to f32's precision for any
+/// logits a model gives, and the temperature itself would not survive
+/// the f32 of the answer (1e-45 is 0).
+pub const TEMPERATURE_RANGE: (f64, f64) = (1e-3, 1e3);
+
+/// Most questions in one request.
+pub const MAX_QUESTIONS: usize = 256;
+
+/// The text of the filler token that pads a state to a block boundary
+/// (`--pad-policy block`): a space, one token in every supported tokenizer
+/// (checked at start).
+pub const PAD_TEXT: &str = " ";
+
+/// A state: a text (`/v1/decide`) or the messages before the question (the
+/// chat surface).
+#[derive(Clone, Debug)]
+pub enum State {
+    Text(String),
+    Messages(Vec<Value>),
+}
+
+/// One question, validated by the caller's layer for shape; checked here
+/// for meaning.
+#[derive(Clone, Debug)]
+pub struct Question {
+    pub id: Option<String>,
+    pub text: String,
+    pub options: Vec<String>,
+    pub abstain_below: Option<f64>,
+    pub temperature: Option<f64>,
+    /// An intent task's head: the options are its labels, and the answer
+    /// comes from the head on the answer position's hidden state instead
+    /// of the letters.
+    pub head: Option<Arc<Head>>,
+}
+
+/// A decision's answer to one question.
+#[derive(Clone, Debug)]
+pub struct Answer {
+    pub id: Option<String>,
+    /// The chosen option's letter; `None` when abstained or answered by
+    /// an intent head.
+    pub letter: Option<&'static str>,
+    /// The chosen option's (or label's) index and text; `None` when abstained.
+    pub index: Option<usize>,
+    pub option: Option<String>,
+    /// Answered by an intent head: the keys below are the labels.
+    pub intent: bool,
+    /// Each option's letter (an intent task's: each label) with its
+    /// calibrated probability.
+    pub probabilities: Vec<(String, f32)>,
+    /// Each option's letter (or label) with its calibrated log-probability
+    /// (finite even where the probability rounds to 0).
+    pub calibrated_logprobs: Vec<(String, f32)>,
+    /// Each option's letter with its raw log-probability over the
+    /// vocabulary (none for an intent head).
+    pub logprobs: Vec<(String, f32)>,
+    pub temperature: f32,
+    pub abstained: bool,
+    pub abstain_reason: Option<String>,
+    /// The top probability was shared, and the earliest option won.
+    pub tie: bool,
+    /// The top option (chosen, or best when abstained).
+    pub top: usize,
+}
+
+/// The state as a decision saw it.
+#[derive(Clone, Debug)]
+pub struct StateInfo {
+    pub hash: StateHash,
+    pub tokens: usize,
+    pub cached: bool,
+    /// Set when the state is longer than the base is documented for.
+    pub warning: Option<String>,
+}
+
+#[derive(Clone, Debug)]
+pub struct Decision {
+    pub state: StateInfo,
+    pub answers: Vec<Answer>,
+    /// Prompt tokens over all questions (the prefix counted once).
+    pub prompt_tokens: usize,
+    /// Prompt tokens read from the prefix cache.
+    pub cached_tokens: usize,
+}
+
+fn invalid(param: &str, message: impl Into<String>) -> RouteError {
+    RouteError::invalid(param, message)
+}
+
+/// Checks a question's meaning; `param` prefixes the field names.
+pub fn check_question(q: &Question, param: &str) -> Result<(), RouteError> {
+    if q.text.trim().is_empty() {
+        return Err(invalid(&format!("{param}.text"), "the question is empty"));
+    }
+    let n = q.options.len();
+    if q.head.is_some() {
+        // An intent task's labels were checked at registration.
+    } else if n < 2 || n > LETTERS.len() {
+        return Err(invalid(
+            &format!("{param}.options"),
+            format!("a question needs 2 to 26 options (lettered A to Z); got {n}"),
+        ));
+    }
+    // An intent task's labels were checked at registration.
+    let options = if q.head.is_some() {
+        &[][..]
+    } else {
+        &q.options[..]
+    };
+    for (i, option) in options.iter().enumerate() {
+        if option.trim().is_empty() {
+            return Err(invalid(
+                &format!("{param}.options[{i}]"),
+                "an option is empty",
+            ));
+        }
+        if q.options[..i].iter().any(|o| o.trim() == option.trim()) {
+            return Err(invalid(
+                &format!("{param}.options[{i}]"),
+                format!("the option `{}` appears twice", option.trim()),
+            ));
+        }
+    }
+    if let Some(a) = q.abstain_below {
+        if !(a > 0.0 && a <= 1.0) {
+            return Err(invalid(
+                &format!("{param}.abstain_below"),
+                format!("abstain_below must be in (0, 1]; got {a}"),
+            ));
+        }
+    }
+    if let Some(t) = q.temperature {
+        let (lo, hi) = TEMPERATURE_RANGE;
+        if !(lo..=hi).contains(&t) {
+            return Err(invalid(
+                &format!("{param}.temperature"),
+                format!("temperature must be between {lo} and {hi}; got {t}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+impl TextRoute {
+    /// Answers `questions` on `state`: one scoring job, each question its
+    /// own continuation of the shared prefix, run as `mode` says (default:
+    /// the backend's).
+    pub async fn decide(
+        self: &Arc<Self>,
+        state: State,
+        questions: Vec<Question>,
+        mode: Option<MultiQuestion>,
+    ) -> Result<Decision, RouteError> {
+        let caps = self.engine().capabilities();
+        let mode = match mode {
+            None => caps
+                .modes
+                .first()
+                .copied()
+                .unwrap_or(MultiQuestion::Sequential),
+            Some(m) if caps.modes.contains(&m) => m,
+            Some(m) => {
+                let served: Vec<_> = caps
+                    .modes
+                    .iter()
+                    .map(|m| format!("`{}`", m.as_str()))
+                    .collect();
+                return Err(invalid(
+                    "multi_question",
+                    format!(
+                        "`{}` is not served by the {} backend; it runs {} (the vLLM backend \
+                         runs `warm`, `sequential` and `packed`)",
+                        m.as_str(),
+                        caps.name,
+                        served.join(" and ")
+                    ),
+                ));
+            }
+        };
+        if questions.is_empty() || questions.len() > MAX_QUESTIONS {
+            return Err(invalid(
+                "questions",
+                format!(
+                    "a request takes 1 to {MAX_QUESTIONS} questions; got {}",
+                    questions.len()
+                ),
+            ));
+        }
+        let started = Instant::now();
+        let layer = head_layer(&questions)?;
+        let (prefix, tokens, packed) = if mode == MultiQuestion::Packed {
+            let (prefix, tokens, packed) = self.prepare_packed(&state, &questions)?;
+            (prefix, tokens, Some(packed))
+        } else {
+            let (prefix, tokens) = self.prepare(&state, &questions)?;
+            (prefix, tokens, None)
+        };
+        let hash = self.state_hash(&prefix);
+        let suffix_lengths: Vec<usize> = tokens.iter().map(|t| t.suffix.len()).collect();
+        let prompt_tokens = match &packed {
+            Some(p) => p.prompt.len(),
+            None => prefix.len() + suffix_lengths.iter().sum::<usize>(),
+        };
+        let receiver = self.engine().score(ScoreRequest {
+            state: hash,
+            prefix: prefix.clone(),
+            questions: tokens,
+            hidden: layer.is_some(),
+            hidden_layer: layer.flatten(),
+            mode,
+            cache: true,
+            packed,
+        })?;
+        let result = receiver
+            .await
+            .map_err(|_| RouteError::Engine(crate::engine::EngineError::Stopped))??;
+        let label = if result.cached { "cached" } else { "new" };
+        let memoised_tokens: usize = result
+            .questions
+            .iter()
+            .zip(&suffix_lengths)
+            .filter(|(score, _)| score.memoised)
+            .map(|(_, &n)| n)
+            .sum();
+        let per_question = started.elapsed().as_secs_f64() / questions.len() as f64;
+        let mut answers = Vec::with_capacity(questions.len());
+        for (q, score) in questions.into_iter().zip(result.questions) {
+            self.metrics
+                .question_seconds
+                .with_label_values(&[&self.model_name, label])
+                .observe(per_question);
+            let answer = match q.head.clone() {
+                Some(head) => {
+                    let hidden = score.hidden.as_deref().ok_or_else(|| {
+                        RouteError::Engine(crate::engine::EngineError::Model(
+                            "the backend returned no hidden state for an intent task".into(),
+                        ))
+                    })?;
+                    intent_answer(q, &head, hidden)
+                }
+                None => self.answer(q, &score.logits, &score.logprobs),
+            };
+            if answer.abstained {
+                self.metrics.abstentions.inc();
+            }
+            answers.push(answer);
+        }
+        Ok(Decision {
+            state: StateInfo {
+                hash,
+                tokens: prefix.len(),
+                cached: result.cached,
+                warning: self.long_state_warning(prefix.len()),
+            },
+            answers,
+            prompt_tokens,
+            cached_tokens: if result.cached { prefix.len() } else { 0 } + memoised_tokens,
+        })
+    }
+
+    /// The raw letter logits of one question on a state, as a decision
+    /// reads them, without the prefix cache and without serving metrics
+    /// (task registration scores its examples with it).
+    pub async fn readout(&self, state: State, question: Question) -> Result<Vec<f32>, RouteError> {
+        Ok(self.score_alone(state, question, false, None).await?.logits)
+    }
+
+    /// The hidden state at the answer position of `question` on `state`
+    /// (block `layer`'s output, or the final norm's), as a decision naming
+    /// an intent task computes it, without the prefix cache (task
+    /// registration reads its examples' features with it).
+    pub async fn features(
+        &self,
+        state: State,
+        question: Question,
+        layer: Option<usize>,
+    ) -> Result<Vec<f32>, RouteError> {
+        self.score_alone(state, question, true, layer)
+            .await?
+            .hidden
+            .ok_or(RouteError::Engine(crate::engine::EngineError::Model(
+                "the backend returned no hidden state".into(),
+            )))
+    }
+
+    /// One question on a state, scored outside the prefix cache.
+    async fn score_alone(
+        &self,
+        state: State,
+        question: Question,
+        hidden: bool,
+        hidden_layer: Option<usize>,
+    ) -> Result<QuestionScore, RouteError> {
+        let questions = [question];
+        let (prefix, tokens) = self.prepare(&state, &questions)?;
+        let hash = self.state_hash(&prefix);
+        let receiver = self.engine().score(ScoreRequest {
+            state: hash,
+            prefix,
+            questions: tokens,
+            hidden,
+            hidden_layer,
+            mode: MultiQuestion::Sequential,
+            cache: false,
+            packed: None,
+        })?;
+        let mut result = receiver
+            .await
+            .map_err(|_| RouteError::Engine(crate::engine::EngineError::Stopped))??;
+        result
+            .questions
+            .pop()
+            .ok_or(RouteError::Engine(crate::engine::EngineError::Stopped))
+    }
+}
+
+/// The tapped layer of a request's intent questions: `None` when none
+/// names an intent task, `Some(None)` for the final norm's output. The
+/// questions of one request share one tap.
+fn head_layer(questions: &[Question]) -> Result<Option<Option<usize>>, RouteError> {
+    let mut layer: Option<Option<usize>> = None;
+    for (i, q) in questions.iter().enumerate() {
+        if let Some(h) = &q.head {
+            match layer {
+                None => layer = Some(h.layer),
+                Some(l) if l == h.layer => {}
+                Some(_) => {
+                    return Err(invalid(
+                        &format!("questions[{i}].task"),
+                        "the intent tasks of one request must read the same `head.layer`; \
+                         send questions on heads of other layers in another request",
+                    ))
+                }
+            }
+        }
+    }
+    Ok(layer)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn q(text: &str, options: &[&str]) -> Question {
+        Question {
+            id: None,
+            text: text.into(),
+            options: options.iter().map(|s| s.to_string()).collect(),
+            abstain_below: None,
+            temperature: None,
+            head: None,
+        }
+    }
+
+    #[test]
+    fn questions_are_checked() {
+        assert!(check_question(&q("Is it?", &["yes", "no"]), "q").is_ok());
+        let bad = |question: Question, field: &str| match check_question(&question, "q") {
+            Err(RouteError::Invalid { param, .. }) => assert_eq!(param.as_deref(), Some(field)),
+            other => panic!("{other:?}"),
+        };
+        bad(q("  ", &["yes", "no"]), "q.text");
+        bad(q("Is it?", &["yes"]), "q.options");
+        bad(q("Is it?", &vec!["x"; 27]), "q.options");
+        bad(q("Is it?", &["yes", ""]), "q.options[1]");
+        bad(q("Is it?", &["yes", "no", "yes"]), "q.options[2]");
+        let mut t = q("Is it?", &["yes", "no"]);
+        t.temperature = Some(0.0);
+        bad(t.clone(), "q.temperature");
+        t.temperature = Some(5e-324);
+        bad(t.clone(), "q.temperature");
+        t.temperature = Some(1e4);
+        bad(t, "q.temperature");
+        let mut a = q("Is it?", &["yes", "no"]);
+        a.abstain_below = Some(1.5);
+        bad(a, "q.abstain_below");
+    }
+
+    #[test]
+    fn the_block_letters_the_options() {
+        let block = question_block(&q("Which?", &["red", "green"]));
+        assert_eq!(block, format!("Which?\nA. red\nB. green\n{ANSWER_CUE}"));
+    }
+}

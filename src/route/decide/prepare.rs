@@ -1,0 +1,192 @@
+//! A decision's token ids: the state's prefix (padded to the backend's
+//! block when it asks), each question's suffix with the letters it reads,
+//! or one packed prompt with its answer sheet's markers; checked against
+//! the context length.
+
+use super::{
+    check_question, invalid, packed_marker, render_packed, Question, State, LETTERS,
+    PACKED_SEPARATOR,
+};
+use crate::engine::{PackedPrompt, PadPolicy, QuestionTokens, StateHash};
+use crate::route::{RouteError, TextRoute};
+
+impl TextRoute {
+    /// Token ids of the letters A..Z, each a single token (checked at start).
+    pub fn letter_ids(tokenizer: &crate::prompt::TextTokenizer) -> Result<Vec<u32>, String> {
+        LETTERS
+            .iter()
+            .map(|l| match tokenizer.encode(l, false) {
+                Ok(ids) if ids.len() == 1 => Ok(ids[0]),
+                Ok(ids) => Err(format!(
+                    "the option letter `{l}` is {} tokens in this tokenizer ({ids:?}); the \
+                     letters readout needs each of A to Z to be one token",
+                    ids.len()
+                )),
+                Err(e) => Err(format!("cannot tokenize the letter `{l}`: {e}")),
+            })
+            .collect()
+    }
+
+    /// The state hash of a prefix on this model, tokenizer and padding.
+    pub(super) fn state_hash(&self, prefix: &[u32]) -> StateHash {
+        StateHash::new(
+            &self.engine().info().identity,
+            &self.tokenizer_identity,
+            &self.engine().capabilities().padding.label(),
+            prefix,
+        )
+    }
+
+    /// The token ids of a state's prefix text, padded as the backend's
+    /// padding policy says.
+    fn prefix_ids(&self, prefix_text: &str) -> Result<Vec<u32>, RouteError> {
+        let mut prefix = self.tokenize(prefix_text, false)?;
+        if let PadPolicy::Block(block) = self.engine().capabilities().padding {
+            let short = (block - prefix.len() % block) % block;
+            let filler = self.pad_id.ok_or_else(|| {
+                invalid(
+                    "state",
+                    "the tokenizer has no single-token filler, so states cannot be padded; \
+                     serve with --pad-policy none",
+                )
+            })?;
+            prefix.extend(std::iter::repeat_n(filler, short));
+        }
+        Ok(prefix)
+    }
+
+    /// Checks and renders `questions` on `state` as one packed prompt: the
+    /// prefix's token ids, each question's (empty) suffix with the letters
+    /// it reads after `N: `, and the prompt with the answer sheet's markers.
+    pub(super) fn prepare_packed(
+        &self,
+        state: &State,
+        questions: &[Question],
+    ) -> Result<(Vec<u32>, Vec<QuestionTokens>, PackedPrompt), RouteError> {
+        let most = self.limits.max_packed_questions;
+        if questions.len() > most {
+            return Err(invalid(
+                "questions",
+                format!(
+                    "multi_question `packed` takes 1 to {most} questions; got {} (send more in \
+                     `warm` mode, or in several requests)",
+                    questions.len()
+                ),
+            ));
+        }
+        let letters = self.packed_letter_ids.as_ref().ok_or_else(|| {
+            invalid(
+                "multi_question",
+                "the tokenizer does not write each of ` A` to ` Z` as one token, so packed \
+                 answers cannot be read; use `warm` or `sequential`",
+            )
+        })?;
+        for (i, q) in questions.iter().enumerate() {
+            check_question(q, &format!("questions[{i}]"))?;
+            if q.head.is_some() {
+                return Err(invalid(
+                    &format!("questions[{i}].task"),
+                    "multi_question `packed` reads option letters; questions on intent tasks \
+                     are answered in `warm` or `sequential` mode",
+                ));
+            }
+        }
+        let r = render_packed(&self.template, state, questions)?;
+        let prefix = self.prefix_ids(&r.prefix)?;
+        let mut prompt = prefix.clone();
+        prompt.extend(self.tokenize(&r.suffix, false)?);
+        // The sheet's first marker ends the prompt: the first generated
+        // token is the first answer.
+        prompt.extend(self.tokenize(&packed_marker(0), false)?);
+        let markers = (0..questions.len())
+            .map(|i| match i {
+                0 => Ok(Vec::new()),
+                _ => self.tokenize(&packed_marker(i), false),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let separator = self.tokenize(PACKED_SEPARATOR, false)?;
+        let max_tokens = markers.iter().map(|m| m.len() + 1).sum::<usize>()
+            + (markers.len() - 1) * separator.len()
+            + 1;
+        let context = self.context_length();
+        if prompt.len() + max_tokens >= context {
+            return Err(RouteError::ContextLength {
+                message: format!(
+                    "This model's maximum context length is {context} tokens. However, the \
+                     packed prompt takes {} tokens and its answers up to {max_tokens}; shorten \
+                     the state or send fewer questions.",
+                    prompt.len()
+                ),
+                param: "state",
+            });
+        }
+        let tokens = questions
+            .iter()
+            .map(|q| QuestionTokens {
+                suffix: Vec::new(),
+                read: letters[..q.options.len()].to_vec(),
+            })
+            .collect();
+        Ok((
+            prefix,
+            tokens,
+            PackedPrompt {
+                prompt,
+                markers,
+                separator,
+                max_tokens,
+            },
+        ))
+    }
+
+    /// Checks and renders `questions` on `state`: the prefix's token ids and
+    /// each question's suffix with the letters it reads.
+    pub(super) fn prepare(
+        &self,
+        state: &State,
+        questions: &[Question],
+    ) -> Result<(Vec<u32>, Vec<QuestionTokens>), RouteError> {
+        let mut prefix_text: Option<String> = None;
+        let mut suffixes = Vec::with_capacity(questions.len());
+        for (i, q) in questions.iter().enumerate() {
+            check_question(q, &format!("questions[{i}]"))?;
+            let r = self.render_decision(state, q)?;
+            match &prefix_text {
+                None => prefix_text = Some(r.prefix),
+                Some(p) if *p != r.prefix => {
+                    return Err(RouteError::Engine(crate::engine::EngineError::Model(
+                        "questions on one state rendered different prefixes".into(),
+                    )))
+                }
+                Some(_) => {}
+            }
+            suffixes.push(r.suffix);
+        }
+        let prefix = self.prefix_ids(&prefix_text.unwrap_or_default())?;
+        let mut tokens = Vec::with_capacity(questions.len());
+        let context = self.context_length();
+        for (q, suffix) in questions.iter().zip(&suffixes) {
+            let ids = self.tokenize(suffix, false)?;
+            if prefix.len() + ids.len() >= context {
+                return Err(RouteError::ContextLength {
+                    message: format!(
+                        "This model's maximum context length is {context} tokens. However, the \
+                         state and a question take {} tokens; shorten the state.",
+                        prefix.len() + ids.len()
+                    ),
+                    param: "state",
+                });
+            }
+            // An intent question reads one letter (unused): the head reads
+            // the hidden state.
+            let read = self.letter_ids[..q.options.len().min(if q.head.is_some() {
+                1
+            } else {
+                LETTERS.len()
+            })]
+                .to_vec();
+            tokens.push(QuestionTokens { suffix: ids, read });
+        }
+        Ok((prefix, tokens))
+    }
+}

@@ -1,0 +1,27 @@
+//! Statistics: the pure mathematics the text route, task registration and
+//! the suite's figures share, with no knowledge of engines, HTTP or tasks.
+//!
+//! - [`softmax`], [`log_softmax`], [`log_sum_exp`]: the one softmax family,
+//!   in f64, of logits divided by a temperature.
+//! - [`top_option`]: the argmax as a decision serves it (the earliest
+//!   option among exact equals wins).
+//! - [`calibrate`]: the calibration figures of a set of answers (accuracy,
+//!   NLL, ECE over [`calibrate::ECE_BINS`] equal-width bins, the
+//!   reliability table), the temperature fit, the fit/holdout split and the
+//!   abstention thresholds.
+//! - [`head`]: the intent head, an L2-regularised multinomial logistic
+//!   regression on hidden states: its fit (cross-validated strength, a
+//!   temperature on a calibration part), its application to a hidden state
+//!   and its draws.
+//!
+//! Risk certificates (Learn-then-Test with Clopper–Pearson bounds) and
+//! conformal prediction sets belong here too.
+//!
+//! Every function is deterministic: given its inputs (and a seed, where it
+//! draws), it computes the same bits on every run.
+
+pub mod calibrate;
+pub mod head;
+mod softmax;
+
+pub use self::softmax::{log_softmax, log_sum_exp, softmax, top_option};

@@ -1,0 +1,310 @@
+//! The registry of one server's tasks: opening the state folder (and
+//! resuming what a stop cut short), registering, listing, deleting, and
+//! the question a decision naming a task asks.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+
+use super::store::Store;
+use super::{
+    Deleted, Example, Kind, Progress, Status, TaskError, TaskLimits, TaskRecord, TaskRegistry,
+    TaskSpec, FORMAT_VERSION,
+};
+use crate::route::{Question, TextRoute};
+use crate::stats::head::Head;
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn new_id() -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    format!("task-{t:016x}{n:04x}")
+}
+
+impl TaskRegistry {
+    /// Opens the state folder `root`, resumes the registrations a stop cut
+    /// short, and starts the worker. Fails with a message naming the
+    /// folder when it cannot be read or holds another format.
+    pub fn open(
+        root: &Path,
+        route: Arc<TextRoute>,
+        limits: TaskLimits,
+    ) -> Result<Arc<Self>, String> {
+        let store = Store::open(root)?;
+        let model = route.engine().info().identity.clone();
+        let mut tasks = BTreeMap::new();
+        let mut heads = HashMap::new();
+        for mut record in store.load()? {
+            if record.status == Status::Ready && record.spec.kind == Kind::Intent {
+                match store.load_head(&record.id) {
+                    Ok(h) => {
+                        heads.insert(record.id.clone(), Arc::new(h));
+                    }
+                    Err(e) => {
+                        record.status = Status::Failed;
+                        record.error = Some(format!("its head cannot be read: {e}"));
+                        store.save(&record)?;
+                    }
+                }
+            }
+            if record.status.pending() {
+                if record.model != model {
+                    record.status = Status::Failed;
+                    record.error = Some(
+                        "the server restarted on another model before this registration \
+                         finished; register it again"
+                            .into(),
+                    );
+                } else {
+                    if record.status == Status::Running {
+                        record.progress.restarts += 1;
+                    }
+                    record.status = Status::Queued;
+                    tracing::info!(
+                        "task `{}` ({}): resuming its registration",
+                        record.spec.name,
+                        record.id
+                    );
+                }
+                store.save(&record)?;
+            }
+            tasks.insert(record.id.clone(), record);
+        }
+        tracing::info!("state folder {}: {} task(s)", root.display(), tasks.len());
+        let registry = Arc::new(TaskRegistry {
+            tasks: Mutex::new(tasks),
+            heads: Mutex::new(heads),
+            wake: Condvar::new(),
+            store,
+            metrics: route.metrics.clone(),
+            route,
+            limits,
+        });
+        registry.update_gauges(&registry.lock());
+        let worker = registry.clone();
+        std::thread::Builder::new()
+            .name("task-registration".into())
+            .spawn(move || worker.work())
+            .map_err(|e| format!("cannot start the registration worker: {e}"))?;
+        Ok(registry)
+    }
+
+    pub(super) fn lock(&self) -> MutexGuard<'_, BTreeMap<String, TaskRecord>> {
+        self.tasks.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(super) fn heads_lock(&self) -> MutexGuard<'_, HashMap<String, Arc<Head>>> {
+        self.heads.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(super) fn update_gauges(&self, tasks: &BTreeMap<String, TaskRecord>) {
+        for s in Status::ALL {
+            let n = tasks.values().filter(|r| r.status == s).count();
+            self.metrics
+                .task_registration_tasks
+                .with_label_values(&[s.as_str()])
+                .set(n as i64);
+        }
+    }
+
+    /// Queues a registration; returns the new task.
+    pub fn register(
+        &self,
+        spec: TaskSpec,
+        examples: Vec<Example>,
+    ) -> Result<TaskRecord, TaskError> {
+        let taken = |tasks: &BTreeMap<String, TaskRecord>| -> Result<(), TaskError> {
+            if tasks.values().any(|r| r.spec.name == spec.name) {
+                return Err(TaskError::Taken {
+                    param: "name".into(),
+                    message: format!(
+                        "a task named `{}` already exists; DELETE it first or choose another name",
+                        spec.name
+                    ),
+                });
+            }
+            if tasks.len() >= self.limits.max_tasks {
+                return Err(TaskError::Full {
+                    param: "name".into(),
+                    message: format!(
+                        "this server holds its limit of {} tasks; DELETE one first",
+                        self.limits.max_tasks
+                    ),
+                });
+            }
+            Ok(())
+        };
+        taken(&self.lock())?;
+        let id = new_id();
+        // The examples (the large part) are written before the registry is
+        // locked; the worker only sees a task once its record is in.
+        self.store
+            .save_examples(&id, &examples)
+            .map_err(TaskError::Store)?;
+        let record = TaskRecord {
+            format_version: FORMAT_VERSION,
+            id,
+            created: unix_now(),
+            model: self.route.engine().info().identity.clone(),
+            progress: Progress {
+                total: examples.len(),
+                ..Progress::default()
+            },
+            spec: spec.clone(),
+            status: Status::Queued,
+            error: None,
+            report: None,
+            seconds: 0.0,
+        };
+        let mut tasks = self.lock();
+        // Checked again: another registration may have taken the name meanwhile.
+        if let Err(e) =
+            taken(&tasks).and_then(|()| self.store.save(&record).map_err(TaskError::Store))
+        {
+            drop(tasks);
+            let _ = self.store.remove(&record.id);
+            return Err(e);
+        }
+        tracing::info!(
+            "task `{}` ({}): queued, {} examples",
+            record.spec.name,
+            record.id,
+            examples.len()
+        );
+        tasks.insert(record.id.clone(), record.clone());
+        self.update_gauges(&tasks);
+        self.wake.notify_all();
+        Ok(record)
+    }
+
+    /// Every task, oldest first.
+    pub fn list(&self) -> Vec<TaskRecord> {
+        self.lock().values().cloned().collect()
+    }
+
+    pub fn get(&self, id: &str) -> Result<TaskRecord, TaskError> {
+        self.lock()
+            .get(id)
+            .cloned()
+            .ok_or_else(|| TaskError::NotFound(id.to_string()))
+    }
+
+    /// Cancels a pending registration, or removes a finished task.
+    pub fn delete(&self, id: &str) -> Result<Deleted, TaskError> {
+        let mut tasks = self.lock();
+        let record = tasks
+            .get(id)
+            .ok_or_else(|| TaskError::NotFound(id.to_string()))?;
+        let cancelled = record.status.pending();
+        if cancelled {
+            // The worker finds the task gone before its next example and
+            // stops; what it writes meanwhile is removed after it (`work`).
+            self.metrics
+                .task_registrations
+                .with_label_values(&["cancelled"])
+                .inc();
+            tracing::info!("task `{}` ({id}): cancelled", record.spec.name);
+        }
+        self.store.remove(id).map_err(TaskError::Store)?;
+        let record = tasks.remove(id).expect("present");
+        self.heads_lock().remove(id);
+        tracing::info!("task `{}` ({id}): removed", record.spec.name);
+        self.update_gauges(&tasks);
+        Ok(Deleted { record, cancelled })
+    }
+
+    /// The question a decision asks when it names task `name`: the task's
+    /// question and options, the request's temperature else the fitted one,
+    /// the request's `abstain_below` else the task's threshold. `param`
+    /// names the request's field in errors.
+    pub fn question(
+        &self,
+        name: &str,
+        id: Option<String>,
+        abstain_below: Option<f64>,
+        temperature: Option<f64>,
+        param: &str,
+    ) -> Result<Question, TaskError> {
+        let tasks = self.lock();
+        let record = tasks
+            .values()
+            .find(|r| r.spec.name == name)
+            .ok_or_else(|| TaskError::UnknownName {
+                param: param.to_string(),
+                message: format!(
+                    "no task named `{name}` is registered on this server; register it with \
+                     POST /v1/tasks or give `options` instead"
+                ),
+            })?;
+        let report = match (&record.report, record.status) {
+            (Some(r), Status::Ready) => r,
+            (_, status) => {
+                let detail = match status {
+                    Status::Queued | Status::Running => format!(
+                        "its registration is {} ({} of {} examples scored); retry when GET \
+                         /v1/tasks/{} says ready",
+                        status.as_str(),
+                        record.progress.done,
+                        record.progress.total,
+                        record.id
+                    ),
+                    Status::Failed | Status::Ready => format!(
+                        "its registration failed ({}); register it again",
+                        record.error.as_deref().unwrap_or("no reason recorded")
+                    ),
+                };
+                return Err(TaskError::NotReady {
+                    param: param.to_string(),
+                    message: format!("the task `{name}` is not ready: {detail}"),
+                });
+            }
+        };
+        if record.model != self.route.engine().info().identity {
+            return Err(TaskError::NotReady {
+                param: param.to_string(),
+                message: format!(
+                    "the task `{name}` was fitted on another model; register it again on this one"
+                ),
+            });
+        }
+        let head = match record.spec.kind {
+            Kind::Choice => None,
+            Kind::Intent => {
+                if self.route.engine().hidden_layers().is_none() {
+                    return Err(TaskError::Invalid {
+                        param: param.to_string(),
+                        message: format!(
+                            "the task `{name}` is an intent task, answered from hidden states, \
+                             which the {} backend does not return{}",
+                            self.route.engine().capabilities().name,
+                            self.route.engine().capabilities().hidden_hint
+                        ),
+                    });
+                }
+                let head = self.heads_lock().get(&record.id).cloned();
+                Some(head.ok_or_else(|| TaskError::NotReady {
+                    param: param.to_string(),
+                    message: format!("the task `{name}` has no head loaded; register it again"),
+                })?)
+            }
+        };
+        Ok(Question {
+            id,
+            text: record.spec.question.clone(),
+            options: record.spec.labels.clone(),
+            abstain_below: abstain_below
+                .or_else(|| report.abstention.as_ref().and_then(|a| a.abstain_below)),
+            temperature: temperature.or(Some(report.temperature)),
+            head,
+        })
+    }
+}

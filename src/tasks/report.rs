@@ -1,0 +1,130 @@
+//! What a ready task reports, fitted from its scored examples: the seeded
+//! split, the temperature (a choice task's letters) or the intent head,
+//! the figures before and after on the holdout, and the abstention
+//! threshold.
+
+use serde::{Deserialize, Serialize};
+
+use super::{Abstention, TaskSpec};
+use crate::stats::calibrate::{self, Figures, Threshold};
+use crate::stats::head::{self, DrawsReport, Head, HeadReport};
+
+/// What a ready task was fitted to and how well.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    /// The fitted temperature (of the letters, or of an intent head).
+    pub temperature: f64,
+    pub fit_examples: usize,
+    pub holdout_examples: usize,
+    /// The held-out examples' indices, ascending.
+    pub holdout_indices: Vec<usize>,
+    /// Holdout figures at the base's default temperature.
+    pub before: Figures,
+    /// Holdout figures at the fitted temperature.
+    pub after: Figures,
+    /// The abstention threshold and what it costs on the holdout.
+    pub abstention: Option<Threshold>,
+    /// Seconds of scoring and fitting (over all restarts).
+    pub seconds: f64,
+    /// An intent task's served head: how it was fitted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head: Option<HeadReport>,
+    /// An intent task's heads over draws, when asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draws: Option<DrawsReport>,
+}
+
+/// Fits a choice task on its scored examples: the seeded split, the
+/// temperature on the fit split, the figures and the threshold on the
+/// holdout.
+pub fn fit(spec: &TaskSpec, logits: &[Vec<f32>], labels: &[usize], default_t: f64) -> Report {
+    let (fit_idx, held_idx) = calibrate::split(logits.len(), spec.holdout, spec.seed);
+    let pick = |idx: &[usize]| -> (Vec<Vec<f32>>, Vec<usize>) {
+        (
+            idx.iter().map(|&i| logits[i].clone()).collect(),
+            idx.iter().map(|&i| labels[i]).collect(),
+        )
+    };
+    let (fl, fy) = pick(&fit_idx);
+    let (hl, hy) = pick(&held_idx);
+    let t = calibrate::fit_temperature(&fl, &fy);
+    let abstention = abstention(spec, &hl, &hy, t);
+    Report {
+        temperature: t,
+        fit_examples: fl.len(),
+        holdout_examples: hl.len(),
+        holdout_indices: held_idx,
+        before: calibrate::figures(&hl, &hy, default_t),
+        after: calibrate::figures(&hl, &hy, t),
+        abstention,
+        seconds: 0.0,
+        head: None,
+        draws: None,
+    }
+}
+
+/// Fits an intent task on its examples' hidden states: the seeded
+/// stratified split, the head on the fit split (cross-validated strength
+/// and the head on its head part, the temperature on its calibration part),
+/// the figures and the threshold on the holdout, and the draws when asked
+/// for.
+pub fn fit_intent(
+    spec: &TaskSpec,
+    features: &[Vec<f32>],
+    labels: &[usize],
+) -> Result<(Report, Head), String> {
+    let n_labels = spec.labels.len();
+    let (fit_idx, held_idx) = head::stratified_split(labels, n_labels, spec.holdout, spec.seed);
+    let rows: Vec<&[f32]> = features.iter().map(|f| f.as_slice()).collect();
+    let fx: Vec<&[f32]> = fit_idx.iter().map(|&i| rows[i]).collect();
+    let fy: Vec<usize> = fit_idx.iter().map(|&i| labels[i]).collect();
+    let hx: Vec<&[f32]> = held_idx.iter().map(|&i| rows[i]).collect();
+    let hy: Vec<usize> = held_idx.iter().map(|&i| labels[i]).collect();
+    let mut fitted = head::fit(&fx, &fy, n_labels, spec.head_layer, spec.seed)?;
+    // The temperature's examples, as indices of the task's examples.
+    for i in fitted.report.calibration_indices.iter_mut() {
+        *i = fit_idx[*i];
+    }
+    let (before, after) = head::figures(&fitted.head, &hx, &hy);
+    let held_logits = head::logits(&fitted.head, &hx);
+    let abstention = abstention(spec, &held_logits, &hy, fitted.head.temperature);
+    let draws = match spec.draws {
+        Some(d) => Some(head::draws(
+            &rows,
+            labels,
+            n_labels,
+            &fit_idx,
+            &held_idx,
+            d.draws,
+            d.shots,
+            spec.head_layer,
+            spec.seed,
+        )?),
+        None => None,
+    };
+    Ok((
+        Report {
+            temperature: fitted.head.temperature,
+            fit_examples: fx.len(),
+            holdout_examples: hx.len(),
+            holdout_indices: held_idx,
+            before,
+            after,
+            abstention,
+            seconds: 0.0,
+            head: Some(fitted.report),
+            draws,
+        },
+        fitted.head,
+    ))
+}
+
+/// The threshold the task's abstention asks for, and what it costs on the
+/// holdout (`logits`, `labels`) at temperature `t`.
+fn abstention(spec: &TaskSpec, logits: &[Vec<f32>], labels: &[usize], t: f64) -> Option<Threshold> {
+    let pairs = calibrate::confidences(logits, labels, t);
+    spec.abstention.map(|a| match a {
+        Abstention::TargetAccuracy(target) => calibrate::threshold_for_target(&pairs, target),
+        Abstention::AbstainBelow(b) => calibrate::threshold_fixed(&pairs, b),
+    })
+}

@@ -1,0 +1,264 @@
+//! The registration worker: one task at a time, oldest first, one engine
+//! job per example (so decisions queued meanwhile wait for at most one
+//! example), the logits checkpointed now and then, then the fit.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::{fit, fit_intent, Kind, Status, TaskRecord, TaskRegistry, TaskSpec};
+use crate::engine::EngineError;
+use crate::route::{Question, RouteError, State};
+use crate::stats::head::Head;
+
+/// How often a running registration checkpoints its logits and progress.
+const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
+
+/// How often a running registration logs its progress.
+const LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// What the worker waits before offering a job again when the engine's
+/// queue is full (serving comes first).
+const QUEUE_FULL_WAIT: Duration = Duration::from_millis(20);
+
+impl TaskRegistry {
+    /// The worker: registrations one at a time, oldest first.
+    pub(super) fn work(self: Arc<Self>) {
+        loop {
+            let id = {
+                let mut tasks = self.lock();
+                loop {
+                    if let Some(r) = tasks.values().find(|r| r.status == Status::Queued) {
+                        break r.id.clone();
+                    }
+                    tasks = self.wake.wait(tasks).unwrap_or_else(|p| p.into_inner());
+                }
+            };
+            if let Err(e) = self.run(&id) {
+                self.fail(&id, e);
+            }
+            // Deleted while it ran: nothing it wrote meanwhile (a
+            // checkpoint, a head) stays behind.
+            if !self.lock().contains_key(&id) {
+                let _ = self.store.remove(&id);
+            }
+        }
+    }
+
+    /// Applies `f` to the task's record and saves it; `None` when the task
+    /// is gone or no longer pending (deleted or cancelled meanwhile).
+    fn update(&self, id: &str, f: impl FnOnce(&mut TaskRecord)) -> Result<Option<()>, String> {
+        let mut tasks = self.lock();
+        let Some(record) = tasks.get_mut(id).filter(|r| r.status.pending()) else {
+            return Ok(None);
+        };
+        f(record);
+        self.store.save(record)?;
+        self.update_gauges(&tasks);
+        Ok(Some(()))
+    }
+
+    fn fail(&self, id: &str, message: String) {
+        let mut name = String::new();
+        let saved = self.update(id, |r| {
+            name = r.spec.name.clone();
+            r.status = Status::Failed;
+            r.error = Some(message.clone());
+            r.progress.rate = None;
+            r.progress.eta_seconds = None;
+            // Counted before the status is published, so that a client who
+            // sees `failed` also sees it counted.
+            self.metrics
+                .task_registrations
+                .with_label_values(&["failed"])
+                .inc();
+        });
+        if let Ok(Some(())) = saved {
+            tracing::warn!("task `{name}` ({id}): registration failed: {message}");
+            self.store.remove_checkpoint(id);
+        }
+    }
+
+    /// Scores every example not yet in the checkpoint, then fits.
+    fn run(&self, id: &str) -> Result<(), String> {
+        let record = self.get(id).map_err(|e| e.to_string())?;
+        let spec = record.spec.clone();
+        let examples = self.store.load_examples(id)?;
+        let (mut logits, mut sealed) = self.store.load_checkpoint(id)?;
+        // A choice task's rows are its letters' logits; an intent task's,
+        // hidden states of one width.
+        let width = match spec.kind {
+            Kind::Choice => Some(spec.labels.len()),
+            Kind::Intent => logits.first().map(|l| l.len()),
+        };
+        if logits.len() > examples.len() || logits.iter().any(|l| Some(l.len()) != width) {
+            logits.clear();
+            sealed = 0;
+        }
+        let resumed = logits.len();
+        let started = Instant::now();
+        let before = record.seconds;
+        let Some(()) = self.update(id, |r| {
+            r.status = Status::Running;
+            r.progress.done = resumed;
+            r.progress.resumed_from = resumed;
+        })?
+        else {
+            return Ok(());
+        };
+        tracing::info!(
+            "task `{}` ({id}): running, {} of {} examples scored",
+            spec.name,
+            resumed,
+            examples.len()
+        );
+        let question = Question {
+            id: None,
+            text: spec.question.clone(),
+            options: spec.labels.clone(),
+            abstain_below: None,
+            temperature: None,
+            head: None,
+        };
+        let (mut last_save, mut last_log) = (Instant::now(), Instant::now());
+        for i in resumed..examples.len() {
+            if !self.pending(id) {
+                self.store.remove_checkpoint(id);
+                return Ok(());
+            }
+            logits.push(self.readout(&examples[i].state, &question, &spec, i)?);
+            self.metrics.task_registration_examples.inc();
+            let done = logits.len();
+            let elapsed = started.elapsed().as_secs_f64();
+            let rate = (done - resumed) as f64 / elapsed.max(1e-9);
+            self.metrics.task_registration_rate.set(rate);
+            let progress = |r: &mut TaskRecord| {
+                r.progress.done = done;
+                r.progress.rate = Some(rate);
+                r.progress.eta_seconds = Some((r.progress.total - done) as f64 / rate);
+                r.seconds = before + elapsed;
+            };
+            // The checkpoint and the record are saved together now and then;
+            // progress is kept in memory after every example.
+            if last_save.elapsed() >= CHECKPOINT_EVERY || done == examples.len() {
+                last_save = Instant::now();
+                self.store.save_checkpoint(id, &logits, &mut sealed)?;
+                self.update(id, progress)?;
+            } else {
+                let mut tasks = self.lock();
+                if let Some(r) = tasks.get_mut(id).filter(|r| r.status.pending()) {
+                    progress(r);
+                }
+            }
+            if last_log.elapsed() >= LOG_EVERY {
+                last_log = Instant::now();
+                tracing::info!(
+                    "task `{}` ({id}): {done} of {} examples, {rate:.2}/s",
+                    spec.name,
+                    examples.len()
+                );
+            }
+        }
+        let labels: Vec<usize> = examples.iter().map(|e| e.label).collect();
+        let (mut report, head) = match spec.kind {
+            Kind::Choice => (
+                fit(&spec, &logits, &labels, self.route.default_temperature),
+                None,
+            ),
+            Kind::Intent => {
+                let (report, head) = fit_intent(&spec, &logits, &labels)?;
+                (report, Some(head))
+            }
+        };
+        report.seconds = before + started.elapsed().as_secs_f64();
+        if let Some(h) = &head {
+            // The head is on disk before the record says ready.
+            self.store.save_head(id, h)?;
+            self.heads_lock()
+                .insert(id.to_string(), Arc::new(h.clone()));
+        }
+        let figures = (report.temperature, report.before.ece, report.after.ece);
+        let Some(()) = self.update(id, |r| {
+            r.status = Status::Ready;
+            r.progress.done = logits.len();
+            r.progress.eta_seconds = Some(0.0);
+            r.seconds = report.seconds;
+            r.report = Some(report);
+            // Counted before the status is published (see `fail`).
+            self.metrics
+                .task_registrations
+                .with_label_values(&["ready"])
+                .inc();
+        })?
+        else {
+            return Ok(());
+        };
+        self.store.remove_checkpoint(id);
+        self.metrics.task_registration_rate.set(0.0);
+        tracing::info!(
+            "task `{}` ({id}): ready, T = {:.4}, holdout ECE {:.4} -> {:.4}",
+            spec.name,
+            figures.0,
+            figures.1,
+            figures.2
+        );
+        Ok(())
+    }
+
+    fn pending(&self, id: &str) -> bool {
+        self.lock().get(id).is_some_and(|r| r.status.pending())
+    }
+
+    /// The letter logits (an intent task: the hidden state) of one
+    /// example: one engine job, offered again while the engine's queue is
+    /// full or the model is loading.
+    fn readout(
+        &self,
+        state: &str,
+        question: &Question,
+        spec: &TaskSpec,
+        i: usize,
+    ) -> Result<Vec<f32>, String> {
+        loop {
+            let state = State::Text(state.to_string());
+            let result = match spec.kind {
+                Kind::Choice => {
+                    futures::executor::block_on(self.route.readout(state, question.clone()))
+                }
+                Kind::Intent => futures::executor::block_on(self.route.features(
+                    state,
+                    intent_probe(question),
+                    spec.head_layer,
+                )),
+            };
+            match result {
+                Ok(logits) => return Ok(logits),
+                Err(RouteError::Engine(EngineError::QueueFull(_))) => {
+                    std::thread::sleep(QUEUE_FULL_WAIT)
+                }
+                Err(RouteError::Engine(EngineError::Loading)) => {
+                    std::thread::sleep(Duration::from_millis(200))
+                }
+                Err(e) => return Err(format!("examples[{i}]: {e}")),
+            }
+        }
+    }
+}
+
+/// The question an intent task's examples are read with: the task's
+/// question alone (a head stands in for the letters).
+fn intent_probe(question: &Question) -> Question {
+    Question {
+        head: Some(Arc::new(Head {
+            layer: None,
+            dim: 0,
+            labels: question.options.len(),
+            mean: Vec::new(),
+            scale: Vec::new(),
+            weights: Vec::new(),
+            bias: Vec::new(),
+            temperature: 1.0,
+            c: 1.0,
+        })),
+        ..question.clone()
+    }
+}
