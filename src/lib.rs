@@ -10,6 +10,8 @@
 //! - [`prompt`]: chat templates (Hugging Face compatible) and tokenizers.
 //! - [`hub`]: models and tokenizers from local folders or the Hugging
 //!   Face Hub (through its cache folder).
+//! - [`serve`]: the `decisio serve` command: its flags, and a server
+//!   started from them.
 //! - [`convert`]: GGUF checkpoints to MLX conversion folders.
 //! - [`register`]: the `decisio register` client of a running server.
 //! - [`suite`]: suites, run records and gates (`decisio suite run`,
@@ -36,6 +38,7 @@ pub mod prompt;
 pub mod register;
 pub mod rng;
 pub mod route;
+pub mod serve;
 pub mod server;
 pub mod settings;
 pub mod suite;
