@@ -23,7 +23,8 @@
 //! - [`settings`]: every limit and default, in one place.
 //! - [`bases`]: the production bases: their conversions, tokenizers,
 //!   settings and refusals, as data.
-//! - [`model_config`]: the one reader of a conversion's `config.json`.
+//! - [`model_config`]: the one reader of a conversion's `config.json` and
+//!   `generation_config.json`.
 
 pub mod base64;
 pub mod bases;

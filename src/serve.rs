@@ -295,18 +295,9 @@ fn file_digest(paths: &[PathBuf]) -> String {
 /// Token ids that end a generation: generation_config.json's eos_token_id
 /// (a number or a list) and the tokenizer's eos token.
 fn stop_token_ids(model: &Path, tokenizer: &TextTokenizer, template: &ChatTemplate) -> Vec<u32> {
-    let mut ids = Vec::new();
-    if let Ok(text) = std::fs::read_to_string(model.join("generation_config.json")) {
-        if let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) {
-            match v.get("eos_token_id") {
-                Some(serde_json::Value::Number(n)) => ids.extend(n.as_u64().map(|n| n as u32)),
-                Some(serde_json::Value::Array(a)) => {
-                    ids.extend(a.iter().filter_map(|n| n.as_u64()).map(|n| n as u32))
-                }
-                _ => {}
-            }
-        }
-    }
+    let mut ids = model_config::read_generation(model)
+        .map(|g| model_config::eos_token_ids(&g))
+        .unwrap_or_default();
     let eos = template
         .special_tokens()
         .iter()
