@@ -10,6 +10,8 @@
 //! - [`prompt`]: chat templates (Hugging Face compatible) and tokenizers.
 //! - [`hub`]: models and tokenizers from local folders or the Hugging
 //!   Face Hub (through its cache folder).
+//! - [`serve`]: the `decisio serve` command: its flags, and a server
+//!   started from them.
 //! - [`convert`]: GGUF checkpoints to MLX conversion folders.
 //! - [`register`]: the `decisio register` client of a running server.
 //! - [`suite`]: suites, run records and gates (`decisio suite run`,
@@ -23,7 +25,8 @@
 //! - [`settings`]: every limit and default, in one place.
 //! - [`bases`]: the production bases: their conversions, tokenizers,
 //!   settings and refusals, as data.
-//! - [`model_config`]: the one reader of a conversion's `config.json`.
+//! - [`model_config`]: the one reader of a conversion's `config.json` and
+//!   `generation_config.json`.
 
 pub mod base64;
 pub mod bases;
@@ -38,6 +41,7 @@ pub mod prompt;
 pub mod register;
 pub mod rng;
 pub mod route;
+pub mod serve;
 pub mod server;
 pub mod settings;
 pub mod stats;

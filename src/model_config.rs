@@ -1,4 +1,5 @@
-//! The one reader of a conversion's `config.json`.
+//! The one reader of a conversion's `config.json` and
+//! `generation_config.json`.
 //!
 //! Vision-language conversions (Gemma 4's `gemma4`, Qwen3.5's wrappers)
 //! nest the language model's settings under `text_config`; text-only ones
@@ -21,6 +22,27 @@ pub fn read(dir: &Path) -> Result<Value, String> {
         )
     })?;
     serde_json::from_str(&text).map_err(|e| format!("{} is not valid JSON: {e}", path.display()))
+}
+
+/// `DIR/generation_config.json`, parsed; `None` when the folder has none or
+/// it is not valid JSON (a conversion need not carry one).
+pub fn read_generation(dir: &Path) -> Option<Value> {
+    let text = std::fs::read_to_string(dir.join("generation_config.json")).ok()?;
+    serde_json::from_str(&text).ok()
+}
+
+/// The ids of a generation config's `eos_token_id`, a number or a list
+/// (none when it is neither).
+pub fn eos_token_ids(generation: &Value) -> Vec<u32> {
+    match generation.get("eos_token_id") {
+        Some(Value::Number(n)) => n.as_u64().map(|n| n as u32).into_iter().collect(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .filter_map(Value::as_u64)
+            .map(|n| n as u32)
+            .collect(),
+        _ => Vec::new(),
+    }
 }
 
 /// Whether the language model's settings are nested under `text_config`.
@@ -102,6 +124,21 @@ mod tests {
         assert!(read(&dir).unwrap_err().contains("not valid JSON"));
         std::fs::write(dir.join("config.json"), r#"{"a": 1}"#).unwrap();
         assert_eq!(read(&dir).unwrap(), json!({"a": 1}));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn eos_token_ids_are_a_number_or_a_list() {
+        assert_eq!(eos_token_ids(&json!({"eos_token_id": 2})), [2]);
+        assert_eq!(eos_token_ids(&json!({"eos_token_id": [1, 7, "x"]})), [1, 7]);
+        assert_eq!(eos_token_ids(&json!({"eos_token_id": null})), [0u32; 0]);
+        let dir = std::env::temp_dir().join(format!("decisio-generation-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        assert_eq!(read_generation(&dir), None);
+        std::fs::write(dir.join("generation_config.json"), "{").unwrap();
+        assert_eq!(read_generation(&dir), None);
+        std::fs::write(dir.join("generation_config.json"), r#"{"eos_token_id": 3}"#).unwrap();
+        assert_eq!(read_generation(&dir), Some(json!({"eos_token_id": 3})));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

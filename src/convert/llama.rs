@@ -5,7 +5,7 @@ use serde_json::{json, Value};
 
 use super::header::Header;
 use super::meta::{bad, missing, Meta};
-use super::tensors::QuantConfig;
+use super::quant::QuantConfig;
 use super::ConvertError;
 
 /// The only architecture the converter handles.

@@ -33,6 +33,7 @@ mod folder;
 mod header;
 mod llama;
 mod meta;
+mod quant;
 mod tensors;
 mod tokenizer;
 
@@ -47,7 +48,8 @@ use mlx_rs::Array;
 use serde_json::Value;
 
 pub use llama::LlamaParams;
-pub use tensors::{unpermute_rows, QuantConfig, QuantParams};
+pub use quant::{QuantConfig, QuantParams};
+pub use tensors::unpermute_rows;
 pub use tokenizer::KNOWN_PRE_TOKENIZERS;
 
 /// Tensor types MLX loads without changing their numbers.

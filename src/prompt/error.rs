@@ -1,3 +1,5 @@
+//! The errors of prompt building: [`PromptError`].
+
 use std::path::PathBuf;
 
 /// Everything that can go wrong while loading or using a chat template or a

@@ -25,12 +25,27 @@
 //!
 //! `tests/prompt_conformance.rs` checks all of this against references
 //! written by `scripts/reference/prompts.py`.
+//!
+//! The files:
+//! - `template.rs`: [`ChatTemplate`] and [`ChatMessage`], compiling and
+//!   rendering;
+//! - `tokenizer_config.rs`: a model folder's templates and special tokens;
+//! - `environment.rs`, `filters.rs`: transformers' jinja environment, its
+//!   globals, tests and filters;
+//! - `source.rs`: the rewrites of a template's source for MiniJinja;
+//! - `python/`: Python's printing, string methods, `json.dumps` and
+//!   `strftime`;
+//! - `tokenizer.rs`: [`TextTokenizer`] and [`IncrementalDecoder`];
+//! - `error.rs`: [`PromptError`].
 
+mod environment;
 mod error;
+mod filters;
 mod python;
 mod source;
 mod template;
 mod tokenizer;
+mod tokenizer_config;
 
 pub use error::PromptError;
 pub use template::{ChatMessage, ChatTemplate};

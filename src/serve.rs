@@ -1,0 +1,629 @@
+//! `decisio serve`: its flags, and the start of a server from them: the
+//! base, conversion and tokenizer chosen, the chat template and stop tokens
+//! read, the engine started (MLX, or vLLM upstreams), the text route and the
+//! task registry built over it, and the HTTP server run.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, ValueEnum};
+
+use crate::bases::{self, Base, BaseArg, BaseError};
+use crate::engine::mlx::{Device, LoadOptions, MlxEngine, MlxOptions};
+use crate::engine::vllm::protocol::ModelList;
+use crate::engine::vllm::{MethodChoice, Padding, VllmEngine, VllmOptions};
+use crate::engine::{Engine, EngineStatus, MultiQuestion, PadPolicy};
+use crate::hub::{self, Wanted};
+use crate::metrics::Metrics;
+use crate::model_config;
+use crate::prompt::{ChatTemplate, TextTokenizer};
+use crate::route::{RouteConfig, TextRoute};
+use crate::server::{self, AppState};
+use crate::settings::{Limits, UpstreamLimits};
+use crate::tasks::{TaskLimits, TaskRegistry};
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Backend {
+    /// A local MLX conversion (Metal on macOS, the CPU elsewhere).
+    Mlx,
+    /// One or more vLLM servers (`--upstream`), sent token-id prompts.
+    Vllm,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum PadArg {
+    /// Pad each state to a multiple of --pad-block tokens.
+    Block,
+    /// Do not pad.
+    None,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum ModeArg {
+    Warm,
+    Sequential,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum MethodArg {
+    /// The best the upstream honours: logprob_token_ids, else
+    /// allowed_token_ids, else top-k with echo requests.
+    Auto,
+    TokenIds,
+    AllowedTokens,
+    TopK,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Switch {
+    Auto,
+    On,
+    Off,
+}
+
+impl Switch {
+    /// On or off, with `auto` meaning `default`.
+    fn or(self, default: bool) -> bool {
+        match self {
+            Switch::Auto => default,
+            Switch::On => true,
+            Switch::Off => false,
+        }
+    }
+}
+
+/// `--dequantize` and `--host-kernels`, `auto` following the device MLX
+/// computes on (logged).
+fn load_options(dequantize: Switch, host_kernels: Switch) -> LoadOptions {
+    let device = Device::current();
+    let auto = LoadOptions::for_device(device);
+    let load = LoadOptions {
+        dequantize: dequantize.or(auto.dequantize),
+        host_kernels: host_kernels.or(auto.host_kernels),
+        ..auto
+    };
+    tracing::info!(
+        device = device.name(),
+        dequantize = load.dequantize,
+        host_kernels = load.host_kernels,
+        "MLX computes on the {}",
+        device.name()
+    );
+    load
+}
+
+/// The arguments of `decisio serve`.
+#[derive(Args)]
+pub struct ServeArgs {
+    /// The backend that runs the model.
+    #[arg(long, value_enum, default_value = "mlx")]
+    backend: Backend,
+    /// The base whose settings apply: a name (`decisio serve --help` lists
+    /// them; `custom` for a model outside the bases), or a repository whose
+    /// config.json says which base it is. Default: inferred from the
+    /// conversion's config.json.
+    #[arg(long)]
+    base: Option<String>,
+    /// The MLX conversion: a local folder, or a Hugging Face repository
+    /// `org/name[@revision]` (taken from the Hugging Face cache, downloaded
+    /// when missing; default: the base's default conversion). With
+    /// `--backend vllm`: the model whose tokenizer, chat template and
+    /// config.json build the prompts.
+    #[arg(long)]
+    model: Option<String>,
+    /// A folder or a repository `org/name[@revision]` with tokenizer.json
+    /// and tokenizer_config.json to build prompts with (default: the base's
+    /// official tokenizer, else the
+    /// model's own).
+    #[arg(long)]
+    tokenizer: Option<String>,
+    /// LoRA adapters are not served: refused with what to do instead.
+    #[arg(long, hide = true)]
+    lora: Vec<String>,
+    /// The address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// The port to listen on; 0 takes a free one that the system chooses.
+    /// Either way the server logs `listening on http://ADDR` once the port
+    /// is bound, with the port it really has.
+    #[arg(long, default_value_t = 8000)]
+    port: u16,
+    /// The model name clients send (default: the --model argument).
+    #[arg(long)]
+    served_model_name: Option<String>,
+    /// Require `Authorization: Bearer <key>` on every route but /health and /metrics.
+    #[arg(long, env = "DECISIO_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+    /// Largest top_logprobs (chat) or logprobs (completions).
+    #[arg(long, default_value_t = Limits::default().max_logprobs)]
+    max_logprobs: usize,
+    /// Tokens of context the server offers (prompt and generation
+    /// together), when fewer than the model's `max_position_embeddings`;
+    /// as vLLM's flag of the same name. Bounds every generation's length.
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(2..))]
+    max_model_len: Option<usize>,
+    /// The letters' temperature when neither a request nor a task sets one
+    /// (default 1: the model's own probabilities).
+    #[arg(long, conflicts_with = "temperature_from")]
+    letter_temperature: Option<f64>,
+    /// Take the default letter temperature from a run record: the
+    /// temperature `decisio suite run` fitted on all its choice sets
+    /// (docs/gates.md).
+    #[arg(long, value_name = "RECORD")]
+    temperature_from: Option<PathBuf>,
+    /// Jobs that may wait for the engine; more are answered 503.
+    #[arg(long, default_value_t = Limits::default().max_queue, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    max_queue: usize,
+    /// Prompt tokens per forward pass while reading a prompt or a state.
+    #[arg(long, default_value_t = Limits::default().prefill_chunk, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    prefill_chunk: usize,
+    /// Budget of the prefix cache (states kept across requests), in MiB; 0
+    /// turns it off. Default: the base's (2,048 where no base applies).
+    #[arg(long)]
+    prefix_cache_mb: Option<u64>,
+    /// Expand quantized weights into dense ones at load: `auto` does when
+    /// MLX computes on the CPU (its quantized kernels are slow there) and
+    /// not on a GPU, as MLX's default device says at start.
+    #[arg(long, value_enum, default_value = "auto")]
+    dequantize: Switch,
+    /// Compute attention's softmax and the MLP's SiLU with the host kernels
+    /// instead of MLX's ops: `auto` does when MLX computes on the CPU (its
+    /// `exp` runs one element at a time there) and not on a GPU.
+    #[arg(long, value_enum, default_value = "auto")]
+    host_kernels: Switch,
+    /// The folder that keeps registered tasks (default:
+    /// $XDG_STATE_HOME/decisio, else ~/.local/state/decisio).
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
+    /// Largest body of a task registration (POST /v1/tasks) in MiB.
+    #[arg(long, default_value_t = (Limits::default().max_task_body_bytes >> 20) as u64)]
+    max_task_body_mb: u64,
+    /// Largest request body in MiB; larger ones are answered 413.
+    #[arg(long, default_value_t = (Limits::default().max_body_bytes >> 20) as u64)]
+    max_body_mb: u64,
+    /// How states are padded: `block` to a multiple of --pad-block tokens
+    /// (default with --backend vllm), `none` (default with --backend mlx).
+    #[arg(long, value_enum)]
+    pad_policy: Option<PadArg>,
+    /// The padding block in tokens. Default with --backend vllm: the unit
+    /// of the upstream's prefix-cache hits as its /metrics states it (no
+    /// padding where that is over 64 tokens, as on hybrid models), else 16;
+    /// with --backend mlx: 16.
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=4096))]
+    pad_block: Option<usize>,
+    #[command(flatten)]
+    upstream: UpstreamArgs,
+}
+
+/// Settings of `--backend vllm`.
+#[derive(Args)]
+struct UpstreamArgs {
+    /// Base URL of a vLLM server (`http://host:port`); repeat for several.
+    #[arg(long = "upstream")]
+    upstreams: Vec<String>,
+    /// Bearer key sent to every upstream.
+    #[arg(long, env = "DECISIO_UPSTREAM_API_KEY", hide_env_values = true)]
+    upstream_api_key: Option<String>,
+    /// The model name sent upstream (default: the one each upstream serves).
+    #[arg(long)]
+    upstream_model: Option<String>,
+    /// How the option letters' log-probabilities are read.
+    #[arg(long, value_enum, default_value = "auto")]
+    letter_method: MethodArg,
+    /// The default multi-question mode of the vLLM backend.
+    #[arg(long, value_enum, default_value = "warm")]
+    multi_question: ModeArg,
+    /// Seconds for one scoring call to an upstream.
+    #[arg(long, default_value_t = UpstreamLimits::default().request_timeout_s)]
+    upstream_timeout: f64,
+    /// Seconds for one generation call to an upstream.
+    #[arg(long, default_value_t = UpstreamLimits::default().generate_timeout_s)]
+    upstream_generate_timeout: f64,
+    /// Seconds to connect to an upstream.
+    #[arg(long, default_value_t = UpstreamLimits::default().connect_timeout_s)]
+    upstream_connect_timeout: f64,
+    /// Seconds for each probe call and health check.
+    #[arg(long, default_value_t = UpstreamLimits::default().probe_timeout_s)]
+    upstream_probe_timeout: f64,
+    /// Seconds between health checks of each upstream.
+    #[arg(long, default_value_t = UpstreamLimits::default().health_interval_s)]
+    health_interval: f64,
+    /// Failures in a row that eject an upstream.
+    #[arg(long, default_value_t = UpstreamLimits::default().eject_after, value_parser = clap::value_parser!(u32).range(1..))]
+    eject_after: u32,
+    /// Passed health checks in a row that admit an ejected upstream again.
+    #[arg(long, default_value_t = UpstreamLimits::default().readmit_after, value_parser = clap::value_parser!(u32).range(1..))]
+    readmit_after: u32,
+    /// Further attempts, on the next upstream, of a call that failed with a
+    /// connection error, a timeout or a 5xx.
+    #[arg(long, default_value_t = UpstreamLimits::default().retries, value_parser = clap::value_parser!(u32).range(0..=16))]
+    upstream_retries: u32,
+    /// First backoff before a retry, in milliseconds (doubles each time).
+    #[arg(long, default_value_t = UpstreamLimits::default().backoff_ms)]
+    upstream_backoff_ms: u64,
+    /// A second engine in pooling mode whose hidden states feed the heads
+    /// of intent tasks (the second-engine head of the vLLM backend): its
+    /// `POST /v1/embeddings` of token ids must answer the last position's
+    /// final hidden state, not normalised (a vLLM pooling server with
+    /// last-token pooling and normalisation off, or a decisio gateway with
+    /// the MLX backend).
+    #[arg(long)]
+    head_upstream: Option<String>,
+    /// Questions of one request in flight at once in `warm` mode.
+    #[arg(long, default_value_t = UpstreamLimits::default().fan_out, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1024))]
+    fan_out: usize,
+}
+
+/// The default letter temperature: `--letter-temperature`, or the pooled
+/// temperature of the record `--temperature-from` names, or 1.
+fn letter_temperature(args: &ServeArgs) -> Result<f64> {
+    let (lo, hi) = crate::route::decide::TEMPERATURE_RANGE;
+    let t = match (&args.letter_temperature, &args.temperature_from) {
+        (Some(t), _) => *t,
+        (None, Some(path)) => {
+            let record = crate::suite::record::Record::read(path)?;
+            let t = record.pooled_temperature().with_context(|| {
+                format!(
+                    "the record {} has no choice set to take a temperature from",
+                    path.display()
+                )
+            })?;
+            tracing::info!(temperature = t, record = %path.display(), "default letter temperature from the record");
+            t
+        }
+        (None, None) => return Ok(Limits::default().letter_temperature),
+    };
+    if !(lo..=hi).contains(&t) {
+        bail!("the letter temperature must be within {lo} and {hi}; got {t}");
+    }
+    Ok(t)
+}
+
+/// A SHA-256 digest of files' contents (absent files count as empty).
+fn file_digest(paths: &[PathBuf]) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for p in paths {
+        let bytes = std::fs::read(p).unwrap_or_default();
+        h.update((bytes.len() as u64).to_le_bytes());
+        h.update(&bytes);
+    }
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Token ids that end a generation: generation_config.json's eos_token_id
+/// (a number or a list) and the tokenizer's eos token.
+fn stop_token_ids(model: &Path, tokenizer: &TextTokenizer, template: &ChatTemplate) -> Vec<u32> {
+    let mut ids = model_config::read_generation(model)
+        .map(|g| model_config::eos_token_ids(&g))
+        .unwrap_or_default();
+    let eos = template
+        .special_tokens()
+        .iter()
+        .find(|(name, _)| name == "eos_token");
+    if let Some((_, token)) = eos {
+        ids.extend(tokenizer.token_to_id(token));
+    }
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
+
+/// Reads a conversion's config.json (an empty object when it has none,
+/// which the engine then reports).
+fn read_config(dir: &Path) -> serde_json::Value {
+    model_config::read(dir).unwrap_or_else(|_| serde_json::json!({}))
+}
+
+/// The model the first upstream serves, for `--backend vllm` without
+/// `--model`: the `root` of its `/v1/models` card (the one named by
+/// `--upstream-model`, else the first), which vLLM sets to what its server
+/// was started with, a Hugging Face repository (taken from the Hugging
+/// Face cache, or downloaded) or a folder (used when this machine has it).
+fn upstream_model(u: &UpstreamArgs) -> Result<String> {
+    let url = u
+        .upstreams
+        .first()
+        .ok_or_else(|| anyhow::anyhow!("the vLLM backend needs at least one --upstream URL"))?;
+    let ask = async {
+        let client = reqwest::Client::builder()
+            .connect_timeout(std::time::Duration::from_secs_f64(
+                u.upstream_connect_timeout,
+            ))
+            .timeout(std::time::Duration::from_secs_f64(u.upstream_probe_timeout))
+            .build()?;
+        let mut request = client.get(format!("{}/v1/models", url.trim_end_matches('/')));
+        if let Some(key) = &u.upstream_api_key {
+            request = request.bearer_auth(key);
+        }
+        request
+            .send()
+            .await?
+            .error_for_status()?
+            .json::<ModelList>()
+            .await
+    };
+    let models = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?
+        .block_on(ask)
+        .with_context(|| {
+            format!(
+                "asking upstream {url} which model it serves (GET /v1/models); start it first, \
+                 or pass --model with the model's repository"
+            )
+        })?;
+    let card = match &u.upstream_model {
+        Some(m) => models.data.iter().find(|c| &c.id == m),
+        None => models.data.first(),
+    }
+    .ok_or_else(|| {
+        anyhow::anyhow!(
+            "upstream {url} lists no model{}",
+            u.upstream_model
+                .as_ref()
+                .map_or(String::new(), |m| format!(" named `{m}`"))
+        )
+    })?;
+    let root = card.root.clone().ok_or_else(|| {
+        anyhow::anyhow!(
+            "upstream {url}'s model card `{}` has no `root`; pass --model with the model's \
+             repository",
+            card.id
+        )
+    })?;
+    if root.starts_with('/') && !Path::new(&root).is_dir() {
+        bail!(
+            "upstream {url} serves `{}` from the folder {root}, which this machine does not \
+             have; pass --model with the model's repository or a copy of its config.json and \
+             tokenizer",
+            card.id
+        );
+    }
+    tracing::info!(upstream = %url, model = %root, "the upstream's model (its /v1/models root)");
+    Ok(root)
+}
+
+/// The base, the conversion folder and the tokenizer folder of a `serve`.
+fn choose_base(args: &ServeArgs) -> Result<(Option<&'static Base>, String, PathBuf, PathBuf)> {
+    let mlx = matches!(args.backend, Backend::Mlx);
+    if !args.lora.is_empty() {
+        bail!(
+            "LoRA adapters are not served (--lora {}): merge the adapter into the weights \
+             (for example `mlx_lm.fuse`) and pass the merged conversion with --model",
+            args.lora.join(", ")
+        );
+    }
+    if let Some(url) = args.upstream.head_upstream.as_ref().filter(|_| mlx) {
+        bail!(
+            "--head-upstream {url}: the MLX backend refuses a second-engine head; it \
+             applies task heads to its own hidden states. A head upstream serves the \
+             vLLM backend (--backend vllm)"
+        );
+    }
+    let arg = BaseArg::parse(args.base.as_deref());
+    let base_config = match &arg {
+        BaseArg::Checkpoint(repo) => Some(read_config(&hub::resolve(repo, None, Wanted::Config)?)),
+        _ => None,
+    };
+    let named = match &arg {
+        BaseArg::Named(n) => {
+            Some(bases::by_name(n).ok_or_else(|| BaseError::UnknownName(n.clone()))?)
+        }
+        _ => None,
+    };
+    let model = match &args.model {
+        Some(m) => m.clone(),
+        // A vLLM upstream says what it serves: the model its server was
+        // started with.
+        None if !mlx => upstream_model(&args.upstream)?,
+        None => named
+            .unwrap_or_else(bases::default_base)
+            .default_conversion()
+            .repository
+            .to_string(),
+    };
+    // The refusals need config.json alone: a refused conversion's weights
+    // are never downloaded.
+    let config = read_config(&hub::resolve(&model, None, Wanted::Config)?);
+    let base = bases::choose(&arg, &model, &config, base_config.as_ref(), mlx)?;
+    // The vLLM backend builds prompts from config.json and the tokenizer;
+    // the weights stay upstream.
+    let model_dir = if mlx {
+        hub::resolve(&model, None, Wanted::Model)?
+    } else {
+        hub::resolve(&model, None, Wanted::Tokenizer)?
+    };
+    let tokenizer_dir = match (&args.tokenizer, base) {
+        (Some(t), _) => hub::resolve(t, None, Wanted::Tokenizer)?,
+        (None, Some(b)) => {
+            let source = b.tokenizer;
+            let spec = match source.revision {
+                Some(rev) => format!("{}@{rev}", source.repository),
+                None => source.repository.to_string(),
+            };
+            hub::resolve(source.repository, source.revision, Wanted::Tokenizer).with_context(
+                || {
+                    format!(
+                        "base {} builds prompts with {spec}'s tokenizer and chat template; \
+                     pass --tokenizer FOLDER to use another",
+                        b.name
+                    )
+                },
+            )?
+        }
+        (None, None) => model_dir.clone(),
+    };
+    match base {
+        Some(b) => tracing::info!(base = b.name, model = %model, "serving a base"),
+        None => {
+            tracing::info!(model = %model, "serving a model outside the bases, with the generic settings")
+        }
+    }
+    Ok((base, model, model_dir, tokenizer_dir))
+}
+
+/// Runs `decisio serve`: loads the model and serves it until the process
+/// is stopped.
+pub fn run(args: ServeArgs) -> Result<()> {
+    let (base, model, model_dir, tokenizer_dir) = choose_base(&args)?;
+    let prefix_cache_mb = args
+        .prefix_cache_mb
+        .or(base.map(|b| b.prefix_cache_mib))
+        .unwrap_or(Limits::default().prefix_cache_mib);
+    let tokenizer = TextTokenizer::from_file(tokenizer_dir.join("tokenizer.json"))
+        .with_context(|| format!("loading the tokenizer of {}", tokenizer_dir.display()))?;
+    let template = ChatTemplate::from_tokenizer_config(tokenizer_dir.join("tokenizer_config.json"))
+        .with_context(|| format!("loading the chat template of {}", tokenizer_dir.display()))?;
+    let limits = Limits {
+        max_logprobs: args.max_logprobs,
+        max_queue: args.max_queue,
+        max_body_bytes: (args.max_body_mb as usize) << 20,
+        max_task_body_bytes: (args.max_task_body_mb as usize) << 20,
+        prefill_chunk: args.prefill_chunk,
+        prefix_cache_mib: prefix_cache_mb,
+        max_model_len: args.max_model_len,
+        letter_temperature: letter_temperature(&args)?,
+        ..Limits::default()
+    };
+    let metrics = Arc::new(Metrics::new());
+    let pad_block = args
+        .pad_block
+        .unwrap_or(UpstreamLimits::default().pad_block);
+    let padding = match (args.pad_policy, args.backend) {
+        (Some(PadArg::Block), _) | (None, Backend::Vllm) => PadPolicy::Block(pad_block),
+        (Some(PadArg::None), _) | (None, Backend::Mlx) => PadPolicy::None,
+    };
+    if !matches!(args.backend, Backend::Vllm) && !args.upstream.upstreams.is_empty() {
+        bail!("--upstream needs --backend vllm");
+    }
+    let engine: Arc<dyn Engine> = match args.backend {
+        Backend::Mlx => Arc::new(MlxEngine::start(
+            model_dir.clone(),
+            MlxOptions {
+                load: load_options(args.dequantize, args.host_kernels),
+                prefix_cache_mib: prefix_cache_mb,
+                metrics: metrics.clone(),
+                max_queue: limits.max_queue,
+                prefill_chunk: limits.prefill_chunk,
+                answers_per_state: limits.answers_per_state,
+                padding,
+            },
+        )?),
+        Backend::Vllm => {
+            let u = &args.upstream;
+            let config = read_config(&model_dir);
+            let get = |k: &str| model_config::get_usize(&config, k);
+            let letter_ids = TextRoute::letter_ids(&tokenizer).map_err(anyhow::Error::msg)?;
+            Arc::new(
+                VllmEngine::start(VllmOptions {
+                    upstreams: u.upstreams.clone(),
+                    api_key: u.upstream_api_key.clone(),
+                    model: u.upstream_model.clone(),
+                    method: match u.letter_method {
+                        MethodArg::Auto => MethodChoice::Auto,
+                        MethodArg::TokenIds => MethodChoice::TokenIds,
+                        MethodArg::AllowedTokens => MethodChoice::AllowedTokens,
+                        MethodArg::TopK => MethodChoice::TopK,
+                    },
+                    padding: match (padding, args.pad_block) {
+                        (PadPolicy::None, _) => Padding::Off,
+                        (PadPolicy::Block(n), Some(_)) => Padding::Fixed(n),
+                        (PadPolicy::Block(n), None) => Padding::Upstream { fallback: n },
+                    },
+                    mode: match u.multi_question {
+                        ModeArg::Warm => MultiQuestion::Warm,
+                        ModeArg::Sequential => MultiQuestion::Sequential,
+                    },
+                    letter_ids,
+                    vocab_size: get("vocab_size").unwrap_or_else(|| tokenizer.vocab_size()),
+                    context_length: get("max_position_embeddings").unwrap_or(4096),
+                    architecture: config
+                        .get("model_type")
+                        .and_then(|v| v.as_str())
+                        .unwrap_or("unknown")
+                        .to_string(),
+                    max_queue: limits.max_queue,
+                    limits: UpstreamLimits {
+                        connect_timeout_s: u.upstream_connect_timeout,
+                        request_timeout_s: u.upstream_timeout,
+                        generate_timeout_s: u.upstream_generate_timeout,
+                        probe_timeout_s: u.upstream_probe_timeout,
+                        health_interval_s: u.health_interval,
+                        eject_after: u.eject_after,
+                        readmit_after: u.readmit_after,
+                        retries: u.upstream_retries,
+                        backoff_ms: u.upstream_backoff_ms,
+                        fan_out: u.fan_out,
+                        pad_block,
+                        ..UpstreamLimits::default()
+                    },
+                    metrics: metrics.clone(),
+                    head_upstream: u.head_upstream.clone(),
+                    hidden_size: get("hidden_size").or_else(|| {
+                        config
+                            .pointer("/text_config/hidden_size")
+                            .and_then(|v| v.as_u64())
+                            .map(|v| v as usize)
+                    }),
+                })
+                .map_err(anyhow::Error::msg)?,
+            )
+        }
+    };
+    let stops = stop_token_ids(&model_dir, &tokenizer, &template);
+    let model_name = args.served_model_name.unwrap_or_else(|| model.clone());
+    let config = RouteConfig {
+        stop_token_ids: stops,
+        limits: limits.clone(),
+        model_name: model_name.clone(),
+        tokenizer_identity: file_digest(&[
+            tokenizer_dir.join("tokenizer.json"),
+            tokenizer_dir.join("tokenizer_config.json"),
+        ]),
+        default_temperature: limits.letter_temperature,
+        base,
+        metrics,
+    };
+    let route = TextRoute::new(engine, tokenizer, template, config)
+        .map_err(|e| anyhow::anyhow!("{e}; this model cannot serve decisions"))?;
+    let route = Arc::new(route);
+    let state_dir = args
+        .state_dir
+        .unwrap_or_else(crate::tasks::store::default_dir);
+    let tasks = TaskRegistry::open(
+        &state_dir,
+        route.clone(),
+        TaskLimits {
+            max_tasks: limits.max_tasks,
+        },
+    )
+    .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let state = AppState::new(
+        route,
+        model_name,
+        model.clone(),
+        args.api_key,
+        limits,
+        tasks,
+    );
+    exit_if_load_fails(state.route.clone());
+    actix_web::rt::System::new().block_on(server::serve(state, &args.host, args.port))?;
+    Ok(())
+}
+
+/// A server whose model cannot load can never answer: stop the process with
+/// the loader's message instead of serving 503s forever.
+fn exit_if_load_fails(route: Arc<TextRoute>) {
+    std::thread::spawn(move || loop {
+        match route.engine().status() {
+            EngineStatus::Loading => std::thread::sleep(std::time::Duration::from_millis(100)),
+            EngineStatus::Ready | EngineStatus::Unavailable(_) => return,
+            EngineStatus::Failed(e) => {
+                eprintln!("error: the model failed to load: {e}");
+                std::process::exit(1);
+            }
+        }
+    });
+}
