@@ -1,13 +1,15 @@
 //! The building blocks every architecture shares: linear layers (dense or
 //! MLX-affine-quantized), embeddings that double as the output projection,
 //! RMS norms, rotary embeddings, causal (and sliding-window) attention, the
-//! gated MLP, and the one rule for when decisio's host kernels stand in for
-//! MLX's ops. Each layer is built from a [`Weights`] view by its checkpoint
-//! name.
+//! gated MLP, the decoder stack every architecture runs (embedding, blocks,
+//! final norm, logits), and the one rule for when decisio's host kernels
+//! stand in for MLX's ops. Each layer is built from a [`Weights`] view by
+//! its checkpoint name.
 
 use mlx_rs::fast::{self, ScaledDotProductAttentionMask};
 use mlx_rs::{nn, ops, Array, Dtype};
 
+use super::cache::{LayerCache, ModelCache};
 use super::host;
 use super::loader::{Quant, Weights};
 use super::profile::{self, Class};
@@ -72,6 +74,52 @@ pub fn scalar(v: f32, like: &Array) -> MlxResult<Array> {
     Ok(Array::from_f32(v).as_dtype(like.dtype())?)
 }
 
+/// How a rope's frequencies follow from its base: the `rope_type` of a
+/// config's rope settings, as mlx-lm's `initialize_rope` reads them.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum RopeScaling {
+    /// `default`: frequencies `base^(-2i/dims)`.
+    Default,
+    /// `linear`: the default frequencies, positions divided by `factor`.
+    Linear { factor: f32 },
+    /// `proportional` (Gemma 4): the first `partial_rotary_factor` of the
+    /// dimensions turn at frequencies `factor * base^(2i/dims)`, the rest
+    /// not at all (infinite periods).
+    Proportional {
+        factor: f32,
+        partial_rotary_factor: f32,
+    },
+}
+
+impl RopeScaling {
+    /// The scaling `rope_type` names, with the settings' `factor` and
+    /// `partial_rotary_factor` (1 where absent); `None` for a type decisio
+    /// does not implement.
+    pub fn named(rope_type: &str, factor: Option<f32>, partial: Option<f32>) -> Option<Self> {
+        let factor = factor.unwrap_or(1.0);
+        match rope_type {
+            "default" => Some(RopeScaling::Default),
+            "linear" => Some(RopeScaling::Linear { factor }),
+            "proportional" => Some(RopeScaling::Proportional {
+                factor,
+                partial_rotary_factor: partial.unwrap_or(1.0),
+            }),
+            _ => None,
+        }
+    }
+
+    /// How many of a head's `dims` turn.
+    pub fn rotated(self, dims: i32) -> i32 {
+        match self {
+            RopeScaling::Proportional {
+                partial_rotary_factor,
+                ..
+            } => (dims as f32 * partial_rotary_factor) as i32,
+            _ => dims,
+        }
+    }
+}
+
 /// A rotary position embedding over the first `dims` of each head
 /// (`[B, H, L, D]`).
 pub enum Rope {
@@ -91,6 +139,41 @@ pub enum Rope {
 }
 
 impl Rope {
+    /// The rope of every architecture, from its settings: `dims` of a head
+    /// (all of it for a proportional rope, which turns a part), the base
+    /// `theta`, the pairs' layout and the scaling. A proportional rope's
+    /// rotated part must lie within `dims` ([`RopeScaling::rotated`]).
+    pub fn new(dims: i32, base: f32, traditional: bool, scaling: RopeScaling) -> MlxResult<Self> {
+        let standard = |scale| Rope::Standard {
+            dims,
+            traditional,
+            base,
+            scale,
+        };
+        Ok(match scaling {
+            RopeScaling::Default => standard(1.0),
+            RopeScaling::Linear { factor } => standard(1.0 / factor),
+            RopeScaling::Proportional { factor, .. } => {
+                let rotated = scaling.rotated(dims);
+                let exponents = ops::divide(
+                    &ops::arange::<_, f32>(0, rotated, 2)?,
+                    Array::from_f32(dims as f32),
+                )?;
+                let powers = ops::power(Array::from_f32(base), &exponents)?;
+                let rotating = ops::multiply(Array::from_f32(factor), &powers)?;
+                let still =
+                    ops::full::<f32>(&[(dims - rotated) / 2], &Array::from_f32(f32::INFINITY))?;
+                let freqs = ops::concatenate(&[&rotating, &still], 0)?;
+                freqs.eval()?;
+                Rope::Freqs {
+                    dims,
+                    traditional,
+                    freqs,
+                }
+            }
+        })
+    }
+
     /// `x` rotated for positions `offset..offset + L`.
     pub fn forward(&self, x: &Array, offset: usize) -> MlxResult<Array> {
         // About six operations per rotated element.
@@ -441,6 +524,140 @@ impl RmsNorm {
     pub fn forward(&self, x: &Array) -> MlxResult<Array> {
         profile::op(Class::Norms, 4.0 * profile::elements(x), || {
             Ok(fast::rms_norm(x, Some(&self.weight), self.eps)?)
+        })
+    }
+}
+
+/// The last position's hidden states.
+pub struct LastHidden {
+    /// After the final norm, `[1, 1, D]`.
+    pub normed: Array,
+    /// The output of the tapped block, `[1, 1, D]`, when one was asked for.
+    pub tap: Option<Array>,
+}
+
+/// Runs decoder blocks over `h`: `block(i, item, h)` for each of `items`
+/// (a block and what it reads, such as its cache), in order. Returns the
+/// last block's output and, when `tap` names a block, that block's output
+/// at the last position.
+pub fn run_blocks<T>(
+    items: impl IntoIterator<Item = T>,
+    mut h: Array,
+    tap: Option<usize>,
+    mut block: impl FnMut(usize, T, &Array) -> MlxResult<Array>,
+) -> MlxResult<(Array, Option<Array>)> {
+    let mut tapped = None;
+    for (i, item) in items.into_iter().enumerate() {
+        h = block(i, item, &h)?;
+        if tap == Some(i) {
+            tapped = Some(last_position(&h)?);
+        }
+    }
+    Ok((h, tapped))
+}
+
+/// A decoder block that reads and extends its layer's cache.
+pub trait Block {
+    /// The block's output at every position of `x` (`[B, L, D]`).
+    fn forward(&self, x: &Array, cache: &mut LayerCache) -> MlxResult<Array>;
+    /// The block's output at the last position of `x` only; its cache still
+    /// gains every position.
+    fn forward_last(&self, x: &Array, cache: &mut LayerCache) -> MlxResult<Array>;
+}
+
+/// A decoder stack: the token embedding, the blocks, the final norm, and
+/// the logits through `lm_head` or, with tied embeddings, through the
+/// embedding table itself.
+pub struct DecoderStack<B> {
+    pub embed_tokens: Embedding,
+    pub layers: Vec<B>,
+    pub norm: RmsNorm,
+    lm_head: Option<Linear>,
+    /// Untied logits in the hidden states' type ([`Linear::forward_as`]).
+    head_keeps_type: bool,
+}
+
+impl<B> DecoderStack<B> {
+    /// `layers` between `{model}.embed_tokens` and `{model}.norm`, with the
+    /// output projection `lm_head` unless `tied` (a tied checkpoint's
+    /// `{lm_head}.weight`, if any, is dropped).
+    pub fn load(
+        w: &Weights,
+        layers: Vec<B>,
+        model: &str,
+        lm_head: &str,
+        tied: bool,
+        eps: f32,
+    ) -> MlxResult<Self> {
+        let embed_tokens = Embedding::load(w, &format!("{model}.embed_tokens"))?;
+        let lm_head = if tied {
+            w.optional(&format!("{lm_head}.weight"));
+            None
+        } else {
+            Some(Linear::load(w, lm_head)?)
+        };
+        let norm = RmsNorm::load(w, &format!("{model}.norm"), eps)?;
+        Ok(DecoderStack {
+            embed_tokens,
+            layers,
+            norm,
+            lm_head,
+            head_keeps_type: false,
+        })
+    }
+
+    /// Untied logits in the hidden states' type, as every projection of a
+    /// model whose layers all keep it.
+    pub fn head_keeping_type(self) -> Self {
+        DecoderStack {
+            head_keeps_type: true,
+            ..self
+        }
+    }
+
+    /// Logits over the vocabulary for final hidden states.
+    pub fn logits(&self, hidden: &Array) -> MlxResult<Array> {
+        match &self.lm_head {
+            Some(head) if self.head_keeps_type => head.forward_as(hidden),
+            Some(head) => head.forward(hidden),
+            None => self.embed_tokens.as_linear(hidden),
+        }
+    }
+}
+
+impl<B: Block> DecoderStack<B> {
+    /// Runs `tokens` (`[1, L]`), extending every layer's cache; the final
+    /// hidden states of every position.
+    pub fn hidden(&self, tokens: &Array, cache: &mut ModelCache) -> MlxResult<Array> {
+        let h = self.embed_tokens.forward(tokens)?;
+        let layers = self.layers.iter().zip(cache.layers.iter_mut());
+        let (h, _) = run_blocks(layers, h, None, |_, (layer, c), h| layer.forward(h, c))?;
+        self.norm.forward(&h)
+    }
+
+    /// The final hidden state of the last position, and block `tap`'s
+    /// output there. The last block computes its output at the last
+    /// position alone, since nothing reads it elsewhere; every block's
+    /// cache still gains every position.
+    pub fn last_hidden(
+        &self,
+        tokens: &Array,
+        cache: &mut ModelCache,
+        tap: Option<usize>,
+    ) -> MlxResult<LastHidden> {
+        let h = self.embed_tokens.forward(tokens)?;
+        let last = self.layers.len() - 1;
+        let layers = self.layers.iter().zip(cache.layers.iter_mut());
+        let (h, tapped) = run_blocks(layers, h, tap, |i, (layer, c), h| {
+            if i == last {
+                layer.forward_last(h, c)
+            } else {
+                layer.forward(h, c)
+            }
+        })?;
+        Ok(LastHidden {
+            normed: self.norm.forward(&h)?,
+            tap: tapped,
         })
     }
 }

@@ -10,13 +10,13 @@ use mlx_rs::{ops, Array};
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::cache::{KvCache, ModelCache};
+use super::cache::{KvCache, LayerCache, ModelCache};
 use super::layers::{
-    attention, last_position, residual, Activation, Embedding, GatedMlp, HostKernels, Linear,
-    RmsNorm, Rope,
+    attention, last_position, residual, Activation, Block, DecoderStack, GatedMlp, HostKernels,
+    LastHidden, Linear, RmsNorm, Rope, RopeScaling,
 };
 use super::loader::Weights;
-use super::{Architecture, LastHidden};
+use super::Architecture;
 use super::{MlxError, MlxResult};
 
 fn default_rope_theta() -> f32 {
@@ -62,24 +62,21 @@ impl Config {
             .unwrap_or(self.hidden_size / self.num_attention_heads)
     }
 
-    /// The rope position scale (`1/factor` for linear scaling).
-    fn rope_scale(&self) -> MlxResult<f32> {
+    /// The rope's scaling (`rope_scaling`: none, default or linear).
+    fn rope_scaling(&self) -> MlxResult<RopeScaling> {
         let Some(scaling) = &self.rope_scaling else {
-            return Ok(1.0);
+            return Ok(RopeScaling::Default);
         };
         let kind = scaling
             .get("rope_type")
             .or_else(|| scaling.get("type"))
             .and_then(Value::as_str)
             .unwrap_or("default");
-        match kind {
-            "default" => Ok(1.0),
-            "linear" => {
-                let factor = scaling.get("factor").and_then(Value::as_f64).unwrap_or(1.0);
-                Ok(1.0 / factor as f32)
-            }
-            other => Err(MlxError::Config(format!(
-                "llama rope_scaling type `{other}` is not supported (default or linear)"
+        let factor = scaling.get("factor").and_then(Value::as_f64).unwrap_or(1.0);
+        match RopeScaling::named(kind, Some(factor as f32), None) {
+            Some(s @ (RopeScaling::Default | RopeScaling::Linear { .. })) => Ok(s),
+            _ => Err(MlxError::Config(format!(
+                "llama rope_scaling type `{kind}` is not supported (default or linear)"
             ))),
         }
     }
@@ -108,12 +105,12 @@ impl Attention {
             n_heads: c.num_attention_heads,
             n_kv_heads: c.kv_heads(),
             scale: (head_dim as f32).powf(-0.5),
-            rope: Rope::Standard {
-                dims: head_dim,
-                traditional: c.rope_traditional,
-                base: c.rope_theta,
-                scale: c.rope_scale()?,
-            },
+            rope: Rope::new(
+                head_dim,
+                c.rope_theta,
+                c.rope_traditional,
+                c.rope_scaling()?,
+            )?,
             host: HostKernels::of(w),
         })
     }
@@ -175,22 +172,6 @@ impl TransformerBlock {
         })
     }
 
-    fn forward(&self, x: &Array, cache: &mut KvCache) -> MlxResult<Array> {
-        let attn = self
-            .self_attn
-            .forward(&self.input_layernorm.forward(x)?, cache)?;
-        self.feed_forward(residual(x, &attn)?)
-    }
-
-    /// The block's output at the last position of `x` only (its keys and
-    /// values still go to `cache` for every position).
-    fn forward_last(&self, x: &Array, cache: &mut KvCache) -> MlxResult<Array> {
-        let attn = self
-            .self_attn
-            .forward_last(&self.input_layernorm.forward(x)?, cache)?;
-        self.feed_forward(residual(&last_position(x)?, &attn)?)
-    }
-
     fn feed_forward(&self, h: Array) -> MlxResult<Array> {
         let r = self
             .mlp
@@ -199,13 +180,27 @@ impl TransformerBlock {
     }
 }
 
+impl Block for TransformerBlock {
+    fn forward(&self, x: &Array, cache: &mut LayerCache) -> MlxResult<Array> {
+        let attn = self
+            .self_attn
+            .forward(&self.input_layernorm.forward(x)?, cache.kv()?)?;
+        self.feed_forward(residual(x, &attn)?)
+    }
+
+    /// Its keys and values still go to `cache` for every position.
+    fn forward_last(&self, x: &Array, cache: &mut LayerCache) -> MlxResult<Array> {
+        let attn = self
+            .self_attn
+            .forward_last(&self.input_layernorm.forward(x)?, cache.kv()?)?;
+        self.feed_forward(residual(&last_position(x)?, &attn)?)
+    }
+}
+
 /// A llama model: embeddings, blocks, final norm, output projection.
 pub struct Model {
     pub config: Config,
-    embed_tokens: Embedding,
-    layers: Vec<TransformerBlock>,
-    norm: RmsNorm,
-    lm_head: Option<Linear>,
+    stack: DecoderStack<TransformerBlock>,
 }
 
 impl Model {
@@ -216,21 +211,15 @@ impl Model {
         let layers = (0..c.num_hidden_layers)
             .map(|i| TransformerBlock::load(w, &format!("model.layers.{i}"), &c))
             .collect::<MlxResult<Vec<_>>>()?;
-        let embed_tokens = Embedding::load(w, "model.embed_tokens")?;
-        let lm_head = if c.tie_word_embeddings {
-            w.optional("lm_head.weight");
-            None
-        } else {
-            Some(Linear::load(w, "lm_head")?)
-        };
-        let norm = RmsNorm::load(w, "model.norm", c.rms_norm_eps)?;
-        Ok(Model {
-            config: c,
-            embed_tokens,
+        let stack = DecoderStack::load(
+            w,
             layers,
-            norm,
-            lm_head,
-        })
+            "model",
+            "lm_head",
+            c.tie_word_embeddings,
+            c.rms_norm_eps,
+        )?;
+        Ok(Model { config: c, stack })
     }
 
     /// Loads a llama model behind the [`Architecture`] seam.
@@ -241,7 +230,7 @@ impl Model {
 
 impl Architecture for Model {
     fn new_cache(&self) -> ModelCache {
-        ModelCache::new(self.layers.len())
+        ModelCache::new(self.stack.layers.len())
     }
 
     fn hidden_size(&self) -> usize {
@@ -249,49 +238,23 @@ impl Architecture for Model {
     }
 
     fn num_layers(&self) -> usize {
-        self.layers.len()
+        self.stack.layers.len()
     }
 
     fn hidden(&self, tokens: &Array, cache: &mut ModelCache) -> MlxResult<Array> {
-        let mut h = self.embed_tokens.forward(tokens)?;
-        for (layer, c) in self.layers.iter().zip(cache.layers.iter_mut()) {
-            h = layer.forward(&h, c.kv()?)?;
-        }
-        self.norm.forward(&h)
+        self.stack.hidden(tokens, cache)
     }
 
-    /// The last block computes its output at the last position alone, since
-    /// nothing reads it elsewhere; every block's cache still gains every
-    /// position.
     fn last_hidden(
         &self,
         tokens: &Array,
         cache: &mut ModelCache,
         tap: Option<usize>,
     ) -> MlxResult<LastHidden> {
-        let mut h = self.embed_tokens.forward(tokens)?;
-        let last = self.layers.len() - 1;
-        let mut tapped = None;
-        for (i, (layer, c)) in self.layers.iter().zip(cache.layers.iter_mut()).enumerate() {
-            h = if i == last {
-                layer.forward_last(&h, c.kv()?)?
-            } else {
-                layer.forward(&h, c.kv()?)?
-            };
-            if tap == Some(i) {
-                tapped = Some(last_position(&h)?);
-            }
-        }
-        Ok(LastHidden {
-            normed: self.norm.forward(&h)?,
-            tap: tapped,
-        })
+        self.stack.last_hidden(tokens, cache, tap)
     }
 
     fn logits(&self, hidden: &Array) -> MlxResult<Array> {
-        match &self.lm_head {
-            Some(head) => head.forward(hidden),
-            None => self.embed_tokens.as_linear(hidden),
-        }
+        self.stack.logits(hidden)
     }
 }

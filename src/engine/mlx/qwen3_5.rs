@@ -29,11 +29,12 @@ use serde_json::Value;
 use super::cache::{DeltaCache, KvCache, LayerCache, ModelCache};
 use super::delta;
 use super::layers::{
-    attention, last_position, Activation, Embedding, GatedMlp, HostKernels, Linear, RmsNorm, Rope,
+    attention, last_position, Activation, Block, DecoderStack, GatedMlp, HostKernels, LastHidden,
+    Linear, RmsNorm, Rope, RopeScaling,
 };
 use super::loader::Weights;
 use super::switch::SwitchGlu;
-use super::{Architecture, LastHidden};
+use super::Architecture;
 use super::{MlxError, MlxResult};
 use crate::model_config;
 
@@ -213,12 +214,7 @@ impl Attention {
             n_kv_heads: c.num_key_value_heads,
             head_dim,
             scale: (head_dim as f32).powf(-0.5),
-            rope: Rope::Standard {
-                dims: rope_dims,
-                traditional: false,
-                base: rope_theta,
-                scale: 1.0,
-            },
+            rope: Rope::new(rope_dims, rope_theta, false, RopeScaling::Default)?,
             host: HostKernels::of(w),
         })
     }
@@ -518,13 +514,14 @@ impl DecoderLayer {
             .forward(&self.post_attention_layernorm.forward(h)?)?;
         Ok(ops::add(h, &r)?)
     }
+}
 
+impl Block for DecoderLayer {
     fn forward(&self, x: &Array, cache: &mut LayerCache) -> MlxResult<Array> {
         self.feed_forward(&self.mix(x, cache)?)
     }
 
-    /// The block's output at the last position only (the mixer still reads,
-    /// and caches, every position).
+    /// The mixer still reads, and caches, every position.
     fn forward_last(&self, x: &Array, cache: &mut LayerCache) -> MlxResult<Array> {
         self.feed_forward(&last_position(&self.mix(x, cache)?)?)
     }
@@ -533,10 +530,7 @@ impl DecoderLayer {
 /// A Qwen3.5 text model.
 pub struct Model {
     pub config: Config,
-    embed_tokens: Embedding,
-    layers: Vec<DecoderLayer>,
-    norm: RmsNorm,
-    lm_head: Option<Proj>,
+    stack: DecoderStack<DecoderLayer>,
 }
 
 impl Model {
@@ -560,21 +554,16 @@ impl Model {
         let layers = (0..c.num_hidden_layers)
             .map(|i| DecoderLayer::load(w, &format!("{root}model.layers.{i}"), &c, c.is_linear(i)))
             .collect::<MlxResult<Vec<_>>>()?;
-        let embed_tokens = Embedding::load(w, &format!("{root}model.embed_tokens"))?;
-        let lm_head = if c.tie_word_embeddings {
-            w.optional(&format!("{root}lm_head.weight"));
-            None
-        } else {
-            Some(Proj::load(w, &format!("{root}lm_head"))?)
-        };
-        let norm = RmsNorm::load(w, &format!("{root}model.norm"), c.rms_norm_eps)?;
-        Ok(Model {
-            config: c,
-            embed_tokens,
+        let stack = DecoderStack::load(
+            w,
             layers,
-            norm,
-            lm_head,
-        })
+            &format!("{root}model"),
+            &format!("{root}lm_head"),
+            c.tie_word_embeddings,
+            c.rms_norm_eps,
+        )?
+        .head_keeping_type();
+        Ok(Model { config: c, stack })
     }
 
     /// Loads a Qwen3.5 model behind the [`Architecture`] seam.
@@ -586,7 +575,7 @@ impl Model {
 impl Architecture for Model {
     fn new_cache(&self) -> ModelCache {
         ModelCache::with_layers(
-            (0..self.layers.len())
+            (0..self.stack.layers.len())
                 .map(|i| {
                     if self.config.is_linear(i) {
                         LayerCache::Delta(DeltaCache::default())
@@ -603,15 +592,11 @@ impl Architecture for Model {
     }
 
     fn num_layers(&self) -> usize {
-        self.layers.len()
+        self.stack.layers.len()
     }
 
     fn hidden(&self, tokens: &Array, cache: &mut ModelCache) -> MlxResult<Array> {
-        let mut h = self.embed_tokens.forward(tokens)?;
-        for (layer, c) in self.layers.iter().zip(cache.layers.iter_mut()) {
-            h = layer.forward(&h, c)?;
-        }
-        self.norm.forward(&h)
+        self.stack.hidden(tokens, cache)
     }
 
     fn last_hidden(
@@ -620,29 +605,10 @@ impl Architecture for Model {
         cache: &mut ModelCache,
         tap: Option<usize>,
     ) -> MlxResult<LastHidden> {
-        let mut h = self.embed_tokens.forward(tokens)?;
-        let last = self.layers.len() - 1;
-        let mut tapped = None;
-        for (i, (layer, c)) in self.layers.iter().zip(cache.layers.iter_mut()).enumerate() {
-            h = if i == last {
-                layer.forward_last(&h, c)?
-            } else {
-                layer.forward(&h, c)?
-            };
-            if tap == Some(i) {
-                tapped = Some(last_position(&h)?);
-            }
-        }
-        Ok(LastHidden {
-            normed: self.norm.forward(&h)?,
-            tap: tapped,
-        })
+        self.stack.last_hidden(tokens, cache, tap)
     }
 
     fn logits(&self, hidden: &Array) -> MlxResult<Array> {
-        match &self.lm_head {
-            Some(head) => head.forward(hidden),
-            None => self.embed_tokens.as_linear(hidden),
-        }
+        self.stack.logits(hidden)
     }
 }

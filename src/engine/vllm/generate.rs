@@ -180,7 +180,7 @@ pub async fn generate(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::vllm::probe::first_position;
+    use crate::engine::vllm::protocol::first_position;
 
     /// A `/v1/completions` answer in the shape of vLLM's
     /// `CompletionResponse` with `logprob_token_ids` and

@@ -5,8 +5,7 @@
 use std::sync::Arc;
 
 use super::pool::{Pool, Upstream, UpstreamError};
-use super::probe::model_card;
-use super::protocol::{EmbeddingRequest, EmbeddingResponse};
+use super::protocol::{EmbeddingRequest, EmbeddingResponse, ModelList};
 use super::{score_timeout, secs, Inner};
 use crate::engine::EngineError;
 
@@ -48,7 +47,8 @@ pub async fn probe(
         url: u.url.clone(),
         message,
     };
-    let card = model_card(pool, &u, timeout, o.model.as_deref(), false).await?;
+    let models: ModelList = pool.call(&u, "/v1/models", None::<&()>, timeout).await?;
+    let card = models.card(o.model.as_deref(), false).map_err(invalid)?;
     let body = EmbeddingRequest {
         model: card.id.clone(),
         input: vec![o.letter_ids[0], o.letter_ids[1]],

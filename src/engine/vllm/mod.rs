@@ -25,11 +25,14 @@
 //! teacher-forced completion (`docs/design/vllm.md`).
 //!
 //! The files, by job: `probe` (what each upstream serves and how to ask
-//! it), `letters` (decisions), `packed` (packed questions), `generate`
-//! (completions, and chat completions with images), `head` (the head
-//! upstream), [`pool`] (routing, retries, faults, health checks: every call
-//! has a timeout) and [`protocol`] (the wire types). This file starts the
-//! backend and puts it behind the [`Engine`] seam.
+//! it), `letters` (decisions whose questions are separate completions),
+//! `packed` (packed questions), `reading` (a question's letters read from
+//! a completion, for both), `generate` (completions, and chat completions
+//! with images), `head` (the head upstream), [`pool`] (routing, retries,
+//! faults, health checks: every call has a timeout) and [`protocol`] (the
+//! wire types and what is read from them). This file starts the backend,
+//! chooses how a decision's questions are asked, and puts it behind the
+//! [`Engine`] seam.
 //!
 //! Intent tasks read hidden states, which a completions server does not
 //! return: with `--head-upstream` they come from a second engine, a
@@ -46,6 +49,7 @@ mod packed;
 pub mod pool;
 mod probe;
 pub mod protocol;
+mod reading;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -60,7 +64,7 @@ use self::pool::Pool;
 use self::probe::Probed;
 use super::{
     Capabilities, ChatReceiver, EmbedReceiver, Engine, EngineError, EngineStatus, GenerateRequest,
-    GenerateStream, ModelInfo, MultiQuestion, PadPolicy, ScoreReceiver, ScoreRequest,
+    GenerateStream, ModelInfo, MultiQuestion, PadPolicy, ScoreReceiver, ScoreRequest, ScoreResult,
 };
 use crate::metrics::Metrics;
 use crate::settings::UpstreamLimits;
@@ -200,6 +204,26 @@ impl Drop for VllmEngine {
 
 fn secs(s: f64) -> Duration {
     Duration::from_secs_f64(s.max(0.001))
+}
+
+/// A decision's questions on one state, by the request's multi-question
+/// mode: packed into one completion ([`packed`]), or each its own
+/// ([`letters`]).
+async fn score(inner: &Inner, request: &ScoreRequest) -> Result<ScoreResult, EngineError> {
+    if request.hidden {
+        head::head_pool(inner, "hidden states")?;
+        if let Some(layer) = request.hidden_layer {
+            return Err(EngineError::Model(format!(
+                "the vLLM backend's head upstream returns the final norm's output only, not \
+                 block {layer}'s"
+            )));
+        }
+    }
+    if request.mode == MultiQuestion::Packed {
+        packed::score(inner, request).await
+    } else {
+        letters::score(inner, request).await
+    }
 }
 
 /// The deadline of one scoring call.
@@ -487,7 +511,7 @@ impl Engine for VllmEngine {
         let inner = self.inner.clone();
         self.handle()?.spawn(async move {
             let _guard = guard;
-            let _ = reply.send(letters::score(&inner, &request).await);
+            let _ = reply.send(score(&inner, &request).await);
         });
         Ok(rx)
     }

@@ -9,11 +9,11 @@ use std::time::Instant;
 
 use futures::StreamExt;
 
-use super::letters::{
-    cached_tokens, hit_unit, letter_request, letters_at, read_letters, state_found,
-};
 use super::probe::Probed;
-use super::protocol::{token_id, CompletionRequest, CompletionResponse};
+use super::protocol::{
+    cached_tokens, letter_request, state_found, token_id, CompletionRequest, CompletionResponse,
+};
+use super::reading::{letters_at, read_letters};
 use super::{secs, Inner, LetterMethod};
 use crate::engine::{EngineError, PackedPrompt, QuestionScore, ScoreRequest, ScoreResult};
 
@@ -139,7 +139,7 @@ pub async fn score(inner: &Inner, request: &ScoreRequest) -> Result<ScoreResult,
         cached_tokens(response.usage.as_ref()),
         request.prefix.len(),
         packed.prompt.len(),
-        hit_unit(&probed),
+        probed.hit_unit(),
     );
     let lp = response
         .choices

@@ -5,17 +5,15 @@
 //! (one small chat completion with an image), and its prefix cache's block
 //! (`GET /metrics`).
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
 
-use super::letters::letter_request;
 use super::pool::{Fault, Upstream, UpstreamError};
 use super::protocol::{
-    self, cache_info, token_id, CacheInfo, CompletionRequest, CompletionResponse, ModelList,
-    NeutralSampling,
+    self, cache_info, first_position, letter_request, CacheInfo, CompletionRequest,
+    CompletionResponse, ModelList, NeutralSampling,
 };
 use super::{secs, Inner, LetterMethod, MethodChoice};
 use crate::stats::log_sum_exp;
@@ -35,55 +33,30 @@ pub struct Probed {
     pub image_refusal: Option<String>,
 }
 
-/// A 64×64 grey PNG: the probe's image, as a data URL.
-const PROBE_IMAGE: &str = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAEAAAABACAAAAACPAi4CAAAAKUlEQVR42u3MQREAAAwCIKMb3RD77SAA6VEEAoFAIBAIBAKBQCAQfA8G320AeXC6efoAAAAASUVORK5CYII=";
-
-/// The upstream's model card: the one named `wanted` (`--upstream-model`),
-/// else the first. Where it lists no `wanted`, `strict` makes that an
-/// error naming what it serves; otherwise the first is taken.
-pub async fn model_card<P: Clone>(
-    pool: &super::pool::Pool<P>,
-    u: &Upstream<P>,
-    timeout: Duration,
-    wanted: Option<&str>,
-    strict: bool,
-) -> Result<protocol::ModelCard, UpstreamError> {
-    let models: ModelList = pool.call(u, "/v1/models", None::<&()>, timeout).await?;
-    let invalid = |message: String| UpstreamError::Invalid {
-        url: u.url.clone(),
-        message,
-    };
-    match wanted {
-        Some(m) if strict || models.data.iter().any(|c| c.id == m) => models
-            .data
-            .iter()
-            .find(|c| c.id == m)
-            .cloned()
-            .ok_or_else(|| {
-                invalid(format!(
-                    "it does not serve `{m}` (it serves {})",
-                    models
-                        .data
-                        .iter()
-                        .map(|c| format!("`{}`", c.id))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ))
-            }),
-        _ => models
-            .data
-            .into_iter()
-            .next()
-            .ok_or_else(|| invalid("GET /v1/models lists no model".into())),
+impl Probed {
+    /// The unit of its cache hits: its cache configuration's, else a token
+    /// (an upstream that states none, such as a decisio gateway, counts
+    /// hits exactly).
+    pub fn hit_unit(&self) -> usize {
+        self.cache.as_ref().map_or(1, |c| c.hit_unit)
     }
 }
+
+/// A 64×64 grey PNG: the probe's image, as a data URL.
+const PROBE_IMAGE: &str = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAEAAAABACAAAAACPAi4CAAAAKUlEQVR42u3MQREAAAwCIKMb3RD77SAA6VEEAoFAIBAIBAKBQCAQfA8G320AeXC6efoAAAAASUVORK5CYII=";
 
 /// Asks an upstream what it serves and how it reads letters.
 pub async fn probe(inner: &Inner, u: Arc<Upstream<Probed>>) -> Result<Probed, UpstreamError> {
     let pool = &inner.pool;
     let o = &inner.options;
     let timeout = secs(o.limits.probe_timeout_s);
-    let card = model_card(pool, &u, timeout, o.model.as_deref(), true).await?;
+    let models: ModelList = pool.call(&u, "/v1/models", None::<&()>, timeout).await?;
+    let card = models
+        .card(o.model.as_deref(), true)
+        .map_err(|message| UpstreamError::Invalid {
+            url: u.url.clone(),
+            message,
+        })?;
     let model = card.id.clone();
     let letters = &o.letter_ids;
     let base = CompletionRequest::greedy(&model, vec![letters[0], letters[1]], 1);
@@ -270,17 +243,3 @@ pub fn neutral_sampling(body: &mut serde_json::Value) {
     }
 }
 
-/// The first generated position's alternatives, by token id.
-pub fn first_position(r: &CompletionResponse) -> Result<HashMap<u32, f64>, String> {
-    let top = r
-        .choices
-        .first()
-        .and_then(|c| c.logprobs.as_ref())
-        .and_then(|l| l.top_logprobs.first())
-        .and_then(|t| t.as_ref())
-        .ok_or("the completion has no top_logprobs")?;
-    Ok(top
-        .iter()
-        .filter_map(|(name, &lp)| token_id(name).map(|id| (id, lp)))
-        .collect())
-}

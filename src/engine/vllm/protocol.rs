@@ -9,10 +9,17 @@
 //! The head upstream is sent `POST /v1/embeddings` with one token-id input
 //! and `encoding_format: "base64"` (OpenAI's shape, which vLLM's pooling
 //! server and decisio's MLX backend both serve).
+//!
+//! With the types, what the backend reads from and writes into them: the
+//! request for option letters by each [`LetterMethod`], the first
+//! generated position's alternatives, the model card asked for, and
+//! whether a state was found in the upstream's prefix cache.
 
 use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
+
+use super::LetterMethod;
 
 /// vLLM's answer, with status 500, to every request once its engine core
 /// has died (`EngineDeadError.CLIENT_MESSAGE`, vllm/v1/engine/exceptions.py;
@@ -247,6 +254,36 @@ pub struct ModelList {
     pub data: Vec<ModelCard>,
 }
 
+impl ModelList {
+    /// The card of the model named `wanted` (`--upstream-model`), else the
+    /// first. Where it lists no `wanted`, `strict` makes that an error
+    /// naming what it serves; otherwise the first is taken.
+    pub fn card(self, wanted: Option<&str>, strict: bool) -> Result<ModelCard, String> {
+        match wanted {
+            Some(m) if strict || self.data.iter().any(|c| c.id == m) => self
+                .data
+                .iter()
+                .find(|c| c.id == m)
+                .cloned()
+                .ok_or_else(|| {
+                    format!(
+                        "it does not serve `{m}` (it serves {})",
+                        self.data
+                            .iter()
+                            .map(|c| format!("`{}`", c.id))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )
+                }),
+            _ => self
+                .data
+                .into_iter()
+                .next()
+                .ok_or_else(|| "GET /v1/models lists no model".into()),
+        }
+    }
+}
+
 #[derive(Clone, Debug, Deserialize)]
 pub struct ModelCard {
     pub id: String,
@@ -297,6 +334,69 @@ impl EmbeddingValue {
             EmbeddingValue::Floats(v) => Ok(v.into_iter().map(|x| x as f32).collect()),
         }
     }
+}
+
+/// `base` asking for the log-probabilities of `letters` at its first
+/// generated position, by `method` (the top-k method asks for its `k`).
+pub fn letter_request(
+    method: LetterMethod,
+    base: CompletionRequest,
+    letters: &[u32],
+) -> CompletionRequest {
+    match method {
+        LetterMethod::TokenIds => CompletionRequest {
+            logprobs: Some(1),
+            logprob_token_ids: Some(letters.to_vec()),
+            ..base
+        },
+        LetterMethod::AllowedTokens => CompletionRequest {
+            logprobs: Some(letters.len()),
+            allowed_token_ids: Some(letters.to_vec()),
+            ..base
+        },
+        LetterMethod::TopK { k } => CompletionRequest {
+            logprobs: Some(k),
+            ..base
+        },
+    }
+}
+
+/// The first generated position's alternatives, by token id.
+pub fn first_position(r: &CompletionResponse) -> Result<HashMap<u32, f64>, String> {
+    let top = r
+        .choices
+        .first()
+        .and_then(|c| c.logprobs.as_ref())
+        .and_then(|l| l.top_logprobs.first())
+        .and_then(|t| t.as_ref())
+        .ok_or("the completion has no top_logprobs")?;
+    Ok(top
+        .iter()
+        .filter_map(|(name, &lp)| token_id(name).map(|id| (id, lp)))
+        .collect())
+}
+
+/// The upstream's count of cached prompt tokens, where it reports one
+/// (vLLM with `--enable-prompt-tokens-details`).
+pub fn cached_tokens(usage: Option<&Usage>) -> Option<usize> {
+    usage
+        .and_then(|u| u.prompt_tokens_details.as_ref())
+        .and_then(|d| d.cached_tokens)
+}
+
+/// Whether a state of `state` tokens, the start of a prompt of `prompt`
+/// tokens, was found in the upstream's prefix cache, from `cached`, the
+/// upstream's count of cached prompt tokens. vLLM never counts the whole
+/// prompt: a hit is at most the prompt less its last token, in whole units
+/// of `unit` tokens (`max_cache_hit_length = request.num_tokens - 1` in
+/// vllm/v1/core/kv_cache_manager.py; whole blocks in
+/// single_type_kv_cache_manager.py). So the state was found when the count
+/// reaches the most vLLM can report of it; a state shorter than that
+/// reports nothing either way and counts as read.
+pub fn state_found(cached: Option<usize>, state: usize, prompt: usize, unit: usize) -> bool {
+    let unit = unit.max(1);
+    let most = state.min(prompt.saturating_sub(1)) / unit * unit;
+    most > 0 && cached.is_some_and(|c| c >= most)
 }
 
 /// The token id in a `token_id:N` name (`return_tokens_as_token_ids`).
@@ -437,5 +537,25 @@ mod tests {
         assert!(!info.prefix_caching);
         assert_eq!(info.mamba_cache_mode, None);
         assert_eq!(cache_info("decisio_requests_total 3"), None);
+    }
+
+    #[test]
+    fn a_state_is_found_when_the_count_reaches_what_vllm_can_report() {
+        // A 32-token state alone, blocks of 16: vLLM reports at most 16.
+        assert!(state_found(Some(16), 32, 32, 16));
+        assert!(!state_found(Some(0), 32, 32, 16));
+        // The same state under a question: up to 32 of it.
+        assert!(state_found(Some(32), 32, 40, 16));
+        assert!(!state_found(Some(16), 32, 40, 16));
+        // A state of 40 tokens reports its two full blocks.
+        assert!(state_found(Some(32), 40, 48, 16));
+        // A hybrid model's 1,056-token unit: a 3,000-token state, found.
+        assert!(state_found(Some(2112), 3000, 3000, 1056));
+        // Shorter than one unit: nothing is ever reported; read.
+        assert!(!state_found(Some(0), 10, 10, 16));
+        // No count reported.
+        assert!(!state_found(None, 32, 40, 16));
+        // An exact counter (a decisio gateway), unit 1.
+        assert!(state_found(Some(39), 40, 40, 1));
     }
 }

@@ -1,0 +1,539 @@
+//! The engine thread: [`MlxEngine`] queues jobs through a bounded channel
+//! to the one thread that loads the model and runs every job in turn
+//! (decisions, completions, embeddings), keeping prefilled states in the
+//! prefix cache.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use mlx_rs::{ops, Array};
+use tokio::sync::{mpsc, oneshot};
+
+use super::cache::ModelCache;
+use super::error::{MlxError, MlxResult};
+use super::kept::{answer_key, prompt_key, Kept, PromptIndex, Snapshot};
+use super::model::{Device, LoadOptions, MlxModel};
+use super::sample::{self, Rng};
+use super::{loader, memory};
+use crate::engine::prefix_cache::PrefixCache;
+use crate::engine::{
+    Capabilities, EmbedReceiver, Engine, EngineError, EngineStatus, FinishReason, GenerateEvent,
+    GenerateRequest, GenerateStream, ModelInfo, PadPolicy, QuestionScore, ScoreReceiver,
+    ScoreRequest, ScoreResult, TokenLogprobs,
+};
+use crate::metrics::Metrics;
+use crate::model_config;
+
+/// Settings of the engine thread.
+#[derive(Clone, Debug)]
+pub struct MlxOptions {
+    pub load: LoadOptions,
+    /// Budget of the prefix cache in MiB (0 turns it off).
+    pub prefix_cache_mib: u64,
+    pub metrics: Arc<Metrics>,
+    /// Jobs that may wait; one more is refused.
+    pub max_queue: usize,
+    /// Prompt tokens per forward pass while reading a prompt.
+    pub prefill_chunk: usize,
+    /// Answers remembered with each cached state.
+    pub answers_per_state: usize,
+    /// How states are padded (`none` unless asked: MLX's cache needs no
+    /// blocks; `block` makes prompts equal to a vLLM backend's).
+    pub padding: PadPolicy,
+}
+
+enum Job {
+    Generate {
+        request: GenerateRequest,
+        events: mpsc::Sender<Result<GenerateEvent, EngineError>>,
+    },
+    Score {
+        request: ScoreRequest,
+        reply: oneshot::Sender<Result<ScoreResult, EngineError>>,
+    },
+    Embed {
+        inputs: Vec<Vec<u32>>,
+        reply: oneshot::Sender<Result<Vec<Vec<f32>>, EngineError>>,
+    },
+}
+
+/// The MLX backend behind the [`Engine`] seam.
+pub struct MlxEngine {
+    info: ModelInfo,
+    /// Decoder blocks (`num_hidden_layers` of config.json).
+    layers: Option<usize>,
+    jobs: mpsc::Sender<Job>,
+    depth: Arc<AtomicUsize>,
+    status: Arc<Mutex<EngineStatus>>,
+    max_queue: usize,
+    padding: PadPolicy,
+}
+
+impl MlxEngine {
+    /// Starts the engine thread, which loads the model and then serves jobs.
+    /// Returns at once; [`Engine::status`] says when the model is ready.
+    pub fn start(dir: PathBuf, options: MlxOptions) -> MlxResult<Self> {
+        let info = MlxModel::describe(&dir)?;
+        let layers = model_config::get_usize(&loader::read_config(&dir)?, "num_hidden_layers");
+        let max_queue = options.max_queue.max(1);
+        let padding = options.padding;
+        let (jobs, rx) = mpsc::channel(max_queue);
+        let depth = Arc::new(AtomicUsize::new(0));
+        let status = Arc::new(Mutex::new(EngineStatus::Loading));
+        let (thread_depth, thread_status) = (depth.clone(), status.clone());
+        std::thread::Builder::new()
+            .name("mlx-engine".into())
+            .spawn(move || engine_thread(dir, options, rx, thread_depth, thread_status))
+            .map_err(|e| MlxError::Config(format!("cannot start the engine thread: {e}")))?;
+        Ok(MlxEngine {
+            info,
+            layers,
+            jobs,
+            depth,
+            status,
+            max_queue,
+            padding,
+        })
+    }
+}
+
+impl MlxEngine {
+    fn submit(&self, job: Job) -> Result<(), EngineError> {
+        match self.status() {
+            EngineStatus::Ready => {}
+            EngineStatus::Loading => return Err(EngineError::Loading),
+            EngineStatus::Failed(e) => return Err(EngineError::LoadFailed(e)),
+            EngineStatus::Unavailable(e) => return Err(EngineError::UpstreamUnavailable(e)),
+        }
+        self.depth.fetch_add(1, Ordering::Relaxed);
+        self.jobs.try_send(job).map_err(|e| {
+            self.depth.fetch_sub(1, Ordering::Relaxed);
+            match e {
+                mpsc::error::TrySendError::Full(_) => EngineError::QueueFull(self.max_queue),
+                mpsc::error::TrySendError::Closed(_) => EngineError::Stopped,
+            }
+        })
+    }
+}
+
+impl Engine for MlxEngine {
+    fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    fn status(&self) -> EngineStatus {
+        self.status
+            .lock()
+            .map(|s| s.clone())
+            .unwrap_or(EngineStatus::Loading)
+    }
+
+    fn queue_depth(&self) -> usize {
+        self.depth.load(Ordering::Relaxed)
+    }
+
+    fn generate(&self, request: GenerateRequest) -> Result<GenerateStream, EngineError> {
+        let (events, rx) = mpsc::channel(64);
+        self.submit(Job::Generate { request, events })?;
+        Ok(rx)
+    }
+
+    fn score(&self, request: ScoreRequest) -> Result<ScoreReceiver, EngineError> {
+        let (reply, rx) = oneshot::channel();
+        self.submit(Job::Score { request, reply })?;
+        Ok(rx)
+    }
+
+    fn embed(&self, inputs: Vec<Vec<u32>>) -> Result<EmbedReceiver, EngineError> {
+        let (reply, rx) = oneshot::channel();
+        self.submit(Job::Embed { inputs, reply })?;
+        Ok(rx)
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            padding: self.padding,
+            ..Capabilities::default()
+        }
+    }
+
+    fn hidden_layers(&self) -> Option<usize> {
+        self.layers
+    }
+}
+
+fn engine_thread(
+    dir: PathBuf,
+    options: MlxOptions,
+    mut jobs: mpsc::Receiver<Job>,
+    depth: Arc<AtomicUsize>,
+    status: Arc<Mutex<EngineStatus>>,
+) {
+    let set = |s: EngineStatus| {
+        if let Ok(mut g) = status.lock() {
+            *g = s;
+        }
+    };
+    let started = std::time::Instant::now();
+    // The weights must fit the device; MLX's limits follow from them.
+    let device = Device::current();
+    let limits = loader::weight_bytes(&dir).and_then(|weights| {
+        memory::plan(
+            device,
+            memory::working_set(device),
+            weights,
+            (options.prefix_cache_mib as usize) << 20,
+        )
+        .map_err(MlxError::Config)
+    });
+    match limits.and_then(|l| memory::apply(&l).map(|()| l).map_err(MlxError::from)) {
+        Ok(l) => tracing::info!(
+            working_set = l.working_set,
+            wired = l.wired,
+            cache = l.cache,
+            "MLX memory limits"
+        ),
+        Err(e) => {
+            tracing::error!("{} cannot be served: {e}", dir.display());
+            set(EngineStatus::Failed(e.to_string()));
+            return;
+        }
+    }
+    let model = match MlxModel::load_with(&dir, options.load) {
+        Ok(m) => m,
+        Err(e) => {
+            tracing::error!("loading {} failed: {e}", dir.display());
+            set(EngineStatus::Failed(e.to_string()));
+            return;
+        }
+    };
+    if let Err(e) = model.warm_up() {
+        tracing::error!("the first pass through {} failed: {e}", dir.display());
+        set(EngineStatus::Failed(e.to_string()));
+        return;
+    }
+    let _ = mlx_rs::memory::clear_cache();
+    tracing::info!(
+        "loaded {} ({}) in {:.1} s, {:.1} MiB held",
+        dir.display(),
+        model.info.architecture,
+        started.elapsed().as_secs_f64(),
+        mlx_rs::memory::active_memory().unwrap_or(0) as f64 / (1u64 << 20) as f64
+    );
+    export_memory(&options.metrics);
+    set(EngineStatus::Ready);
+    let prefix_cache: PrefixCache<Snapshot> =
+        PrefixCache::new(options.prefix_cache_mib, options.metrics.clone());
+    let mut prompts = PromptIndex::default();
+    while let Some(job) = jobs.blocking_recv() {
+        match job {
+            Job::Generate { request, events } => {
+                let kept = Kept {
+                    cache: &prefix_cache,
+                    index: &mut prompts,
+                };
+                if let Err(e) = generate(&model, &options, kept, &request, &events) {
+                    let _ = events.blocking_send(Err(EngineError::Model(e.to_string())));
+                }
+            }
+            Job::Score { request, reply } => {
+                if !reply.is_closed() {
+                    let result = score(&model, &options, &prefix_cache, &request)
+                        .map_err(|e| EngineError::Model(e.to_string()));
+                    if request.cache
+                        && result.is_ok()
+                        && prefix_cache.peek(&request.state).is_some()
+                    {
+                        prompts.record(&request.prefix, request.state);
+                    }
+                    let _ = reply.send(result);
+                }
+            }
+            Job::Embed { inputs, reply } => {
+                if !reply.is_closed() {
+                    let mut out = Vec::with_capacity(inputs.len());
+                    let mut failed = None;
+                    for ids in &inputs {
+                        let kept = Kept {
+                            cache: &prefix_cache,
+                            index: &mut prompts,
+                        };
+                        match embed_one(&model, &options, kept, ids) {
+                            Ok(v) => out.push(v),
+                            Err(e) => {
+                                failed = Some(EngineError::Model(e.to_string()));
+                                break;
+                            }
+                        }
+                    }
+                    let _ = reply.send(match failed {
+                        Some(e) => Err(e),
+                        None => Ok(out),
+                    });
+                }
+            }
+        }
+        depth.fetch_sub(1, Ordering::Relaxed);
+        export_memory(&options.metrics);
+    }
+}
+
+/// MLX's memory figures as the `decisio_mlx_memory_bytes` gauges
+/// (`memory.rs` says what bounds them).
+fn export_memory(metrics: &Metrics) {
+    use mlx_rs::memory;
+    for (kind, bytes) in [
+        ("active", memory::active_memory()),
+        ("peak", memory::peak_memory()),
+        ("cache", memory::cache_memory()),
+    ] {
+        if let Ok(b) = bytes {
+            metrics
+                .mlx_memory_bytes
+                .with_label_values(&[kind])
+                .set(b as i64);
+        }
+    }
+}
+
+/// The state after `request.prefix`, from the prefix cache or computed (and
+/// offered to the cache), then each question as its own continuation of it.
+fn score(
+    model: &MlxModel,
+    options: &MlxOptions,
+    prefix_cache: &PrefixCache<Snapshot>,
+    request: &ScoreRequest,
+) -> MlxResult<ScoreResult> {
+    let found = if request.cache {
+        prefix_cache.get(&request.state)
+    } else {
+        None
+    };
+    let (snapshot, cached, new_state_seconds) = match found {
+        Some(snapshot) => (snapshot, true, None),
+        None => {
+            let started = Instant::now();
+            let mut cache = model.new_cache();
+            model.prefill(&request.prefix, &mut cache, options.prefill_chunk)?;
+            cache.eval()?;
+            // The prefill's scratch buffers go back to the system, not to
+            // MLX's cache (src/engine/mlx/memory.rs).
+            let _ = mlx_rs::memory::clear_cache();
+            let seconds = started.elapsed().as_secs_f64();
+            let room = options.answers_per_state * answer_bytes(model, request);
+            let snapshot = Arc::new(Snapshot::new(cache, room));
+            if request.cache {
+                options.metrics.new_state_seconds.observe(seconds);
+                prefix_cache.insert(request.state, snapshot.clone());
+            }
+            (snapshot, false, Some(seconds))
+        }
+    };
+    let mut questions = Vec::with_capacity(request.questions.len());
+    for q in &request.questions {
+        let key = answer_key(q, request.hidden, request.hidden_layer);
+        if let Some(known) = lock(&snapshot.answers).get(&key) {
+            questions.push(QuestionScore {
+                seconds: 0.0,
+                memoised: true,
+                ..known.clone()
+            });
+            continue;
+        }
+        let started = Instant::now();
+        let mut cache = snapshot.cache.clone();
+        let tap = request.hidden_layer.filter(|_| request.hidden);
+        let reading = model.read_question(&q.suffix, &mut cache, &q.read, request.hidden, tap)?;
+        let score = QuestionScore {
+            logits: reading.logits,
+            logprobs: reading.logprobs,
+            hidden: reading.hidden,
+            seconds: started.elapsed().as_secs_f64(),
+            memoised: false,
+        };
+        let mut answers = lock(&snapshot.answers);
+        if answers.len() < options.answers_per_state {
+            answers.insert(key, score.clone());
+        }
+        drop(answers);
+        questions.push(score);
+    }
+    Ok(ScoreResult {
+        cached,
+        new_state_seconds,
+        questions,
+    })
+}
+
+/// The final norm's output at the last position of `ids`, as float32: the
+/// prompt is continued from the longest kept prompt it extends (as a
+/// decision's question continues its state) or prefilled from position 0
+/// and kept (as a decision prefills its state), so that the embedding of a
+/// state and then of the state and a question gives the bits of the
+/// decision's hidden state.
+fn embed_one(
+    model: &MlxModel,
+    options: &MlxOptions,
+    kept: Kept<'_>,
+    ids: &[u32],
+) -> MlxResult<Vec<f32>> {
+    let (last, _) = prefill_prompt(model, options, kept, ids)?;
+    let v = ops::reshape(last.as_type::<f32>()?, &[-1])?;
+    v.eval()?;
+    Ok(v.as_slice::<f32>().to_vec())
+}
+
+/// Room one remembered answer takes: the logits and log-probabilities of
+/// the ids read (26 letters, or more if a request reads more), a hidden
+/// state, the key and the map's own share.
+fn answer_bytes(model: &MlxModel, request: &ScoreRequest) -> usize {
+    let read = request
+        .questions
+        .iter()
+        .map(|q| q.read.len())
+        .max()
+        .unwrap_or(0);
+    read.max(26) * 8 + model.hidden_size() * 4 + 32 + 128
+}
+
+/// The guarded value, also after a panic elsewhere (the data stays valid:
+/// every writer inserts whole entries).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Copies a `[.., V]` float32 array with one row out to the host.
+fn host_row(a: &Array) -> MlxResult<Vec<f32>> {
+    a.eval()?;
+    Ok(a.as_slice::<f32>().to_vec())
+}
+
+/// The last hidden state of `prompt` and the caches after it: continued
+/// from the longest kept prompt it extends (its rest run as a decision runs
+/// a question's suffix), else prefilled from position 0 as a decision
+/// prefills a state and then kept for later prompts.
+fn prefill_prompt(
+    model: &MlxModel,
+    options: &MlxOptions,
+    kept: Kept<'_>,
+    prompt: &[u32],
+) -> MlxResult<(Array, ModelCache)> {
+    for (len, key) in kept.index.prefixes_of(prompt) {
+        if let Some(snapshot) = kept.cache.peek(&key) {
+            tracing::debug!(
+                "completion of {} tokens continues a kept prompt of {len}",
+                prompt.len()
+            );
+            let mut cache = snapshot.cache.clone();
+            // In one pass, as a decision runs a question's suffix (whatever
+            // its length: both are bounded by the context length).
+            let last = model.last_hidden(&prompt[len..], &mut cache)?;
+            return Ok((last, cache));
+        }
+    }
+    tracing::debug!("completion of {} tokens: no kept prompt", prompt.len());
+    let mut cache = model.new_cache();
+    let last = model.prefill(prompt, &mut cache, options.prefill_chunk)?;
+    cache.eval()?;
+    if kept.cache.enabled() {
+        let key = prompt_key(prompt);
+        if kept
+            .cache
+            .insert(key, Arc::new(Snapshot::new(cache.clone(), 0)))
+        {
+            kept.index.record(prompt, key);
+        }
+    }
+    Ok((last, cache))
+}
+
+fn generate(
+    model: &MlxModel,
+    options: &MlxOptions,
+    kept: Kept<'_>,
+    request: &GenerateRequest,
+    events: &mpsc::Sender<Result<GenerateEvent, EngineError>>,
+) -> MlxResult<()> {
+    let send = |e: GenerateEvent| events.blocking_send(Ok(e)).is_ok();
+    let (mut hidden, mut cache) = if let Some(k) = request.prompt_logprobs {
+        let mut cache = model.new_cache();
+        let (last, lps) = prompt_logprobs(model, &request.prompt, &mut cache, k, options)?;
+        if !send(GenerateEvent::Prompt(lps)) {
+            return Ok(());
+        }
+        (last, cache)
+    } else {
+        prefill_prompt(model, options, kept, &request.prompt)?
+    };
+    let mut rng = request
+        .sampling
+        .seed
+        .map_or_else(Rng::from_entropy, Rng::new);
+    for step in 0..request.max_tokens {
+        if events.is_closed() {
+            return Ok(());
+        }
+        let row = host_row(&model.log_softmax(&hidden)?)?;
+        let token = sample::pick(&row, &request.sampling, &mut rng);
+        if request.stop_token_ids.contains(&token) {
+            send(GenerateEvent::Finished(FinishReason::Stop));
+            return Ok(());
+        }
+        let logprobs = request.logprobs.map(|k| {
+            if request.logprob_token_ids.is_empty() {
+                sample::token_logprobs(&row, token, k)
+            } else {
+                sample::named_logprobs(&row, token, &request.logprob_token_ids)
+            }
+        });
+        if !send(GenerateEvent::Token {
+            id: token,
+            logprobs,
+        }) {
+            return Ok(());
+        }
+        if step + 1 < request.max_tokens {
+            hidden = model.last_hidden(&[token], &mut cache)?;
+        }
+    }
+    send(GenerateEvent::Finished(FinishReason::Length));
+    Ok(())
+}
+
+/// Reads the prompt in chunks, recording each token's log-probability given
+/// the tokens before it, and returns the last hidden state.
+fn prompt_logprobs(
+    model: &MlxModel,
+    prompt: &[u32],
+    cache: &mut ModelCache,
+    k: usize,
+    options: &MlxOptions,
+) -> MlxResult<(Array, Vec<Option<TokenLogprobs>>)> {
+    let mut out: Vec<Option<TokenLogprobs>> = vec![None];
+    let mut last = None;
+    let chunk = options.prefill_chunk.clamp(1, 256);
+    for (c, part) in prompt.chunks(chunk).enumerate() {
+        let h = model.hidden(part, cache)?;
+        let lp = model.log_softmax(&h)?;
+        lp.eval()?;
+        let v = lp.shape()[2] as usize;
+        let rows = lp.as_slice::<f32>();
+        for (i, row) in rows.chunks(v).enumerate() {
+            let next = c * chunk + i + 1;
+            if let Some(&token) = prompt.get(next) {
+                out.push(Some(sample::token_logprobs(row, token, k)));
+            }
+        }
+        let n = h.shape()[1];
+        last = Some(ops::indexing::take_axis(
+            &h,
+            Array::from_slice(&[n - 1], &[1]),
+            1,
+        )?);
+        cache.eval()?;
+    }
+    let last = last.ok_or_else(|| MlxError::Config("an empty prompt has no next token".into()))?;
+    Ok((last, out))
+}

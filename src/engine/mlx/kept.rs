@@ -1,0 +1,131 @@
+//! What the engine thread keeps between jobs: a state's caches and the
+//! answers already read on it ([`Snapshot`], the prefix cache's entry), and
+//! the prompts kept in the prefix cache by their token ids
+//! ([`PromptIndex`]), so that a completion continues the longest kept
+//! prompt its own starts with.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use sha2::{Digest, Sha256};
+
+use super::cache::ModelCache;
+use crate::engine::prefix_cache::{PrefixCache, StateHash, Weighed};
+use crate::engine::{QuestionScore, QuestionTokens};
+
+/// The model's caches after a state's prefix, as the prefix cache keeps them,
+/// with the scores of questions already answered on it.
+pub(super) struct Snapshot {
+    pub cache: ModelCache,
+    /// The caches' bytes and room for `answers_per_state` answers.
+    bytes: usize,
+    pub answers: Mutex<HashMap<[u8; 32], QuestionScore>>,
+}
+
+impl Snapshot {
+    pub fn new(cache: ModelCache, answer_room: usize) -> Self {
+        Snapshot {
+            bytes: cache.nbytes() + answer_room,
+            cache,
+            answers: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+/// What identifies a question's scores on one state: its suffix, the ids
+/// read, whether hidden states were asked for and of which block.
+pub(super) fn answer_key(q: &QuestionTokens, hidden: bool, layer: Option<usize>) -> [u8; 32] {
+    let mut h = Sha256::new();
+    h.update((q.suffix.len() as u64).to_le_bytes());
+    for t in q.suffix.iter().chain(&q.read) {
+        h.update(t.to_le_bytes());
+    }
+    h.update([u8::from(hidden)]);
+    if hidden {
+        h.update(layer.map_or(u64::MAX, |l| l as u64).to_le_bytes());
+    }
+    h.finalize().into()
+}
+
+// SAFETY: a snapshot holds MLX array handles that are never mutated after
+// the snapshot is made (continuing from it clones the handles), and it is
+// only created, read and dropped by the engine thread; the prefix cache's
+// type bounds need Send + Sync, which MLX arrays do not declare.
+unsafe impl Send for Snapshot {}
+unsafe impl Sync for Snapshot {}
+
+impl Weighed for Snapshot {
+    fn nbytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+/// Prompts whose snapshots are in the prefix cache, by a hash of their
+/// token ids, so that a completion finds the longest kept prompt its own
+/// starts with. Bounded: the oldest entries are forgotten past
+/// [`PromptIndex::CAPACITY`] (their snapshots stay until the cache evicts
+/// them); an entry whose snapshot was evicted is simply a miss.
+#[derive(Default)]
+pub(super) struct PromptIndex {
+    /// (length, hash of the ids) → the snapshot's key in the prefix cache.
+    keys: HashMap<(usize, [u8; 32]), StateHash>,
+    /// How many entries have each length.
+    lengths: std::collections::BTreeMap<usize, usize>,
+    order: std::collections::VecDeque<(usize, [u8; 32])>,
+}
+
+impl PromptIndex {
+    const CAPACITY: usize = 4096;
+
+    fn hash(ids: &[u32]) -> [u8; 32] {
+        let mut h = Sha256::new();
+        for id in ids {
+            h.update(id.to_le_bytes());
+        }
+        h.finalize().into()
+    }
+
+    pub fn record(&mut self, ids: &[u32], key: StateHash) {
+        let k = (ids.len(), Self::hash(ids));
+        if self.keys.insert(k, key).is_some() {
+            return;
+        }
+        *self.lengths.entry(k.0).or_default() += 1;
+        self.order.push_back(k);
+        while self.order.len() > Self::CAPACITY {
+            let Some(old) = self.order.pop_front() else {
+                break;
+            };
+            self.keys.remove(&old);
+            if let Some(n) = self.lengths.get_mut(&old.0) {
+                *n -= 1;
+                if *n == 0 {
+                    self.lengths.remove(&old.0);
+                }
+            }
+        }
+    }
+
+    /// Keys of kept prompts that `prompt` strictly extends, longest first.
+    pub fn prefixes_of(&self, prompt: &[u32]) -> Vec<(usize, StateHash)> {
+        self.lengths
+            .range(1..prompt.len())
+            .rev()
+            .filter_map(|(&len, _)| {
+                let key = self.keys.get(&(len, Self::hash(&prompt[..len])))?;
+                Some((len, *key))
+            })
+            .collect()
+    }
+}
+
+/// The key under which a completion's prompt is kept.
+pub(super) fn prompt_key(ids: &[u32]) -> StateHash {
+    StateHash::new("", "", "completion-prompt", ids)
+}
+
+/// The prefix cache and its index of prompts, for the generate path.
+pub(super) struct Kept<'a> {
+    pub cache: &'a PrefixCache<Snapshot>,
+    pub index: &'a mut PromptIndex,
+}

@@ -1,0 +1,378 @@
+//! A loaded model: the choices of how it is held ([`LoadOptions`], for the
+//! [`Device`] MLX computes on), the [`Architecture`] seam every
+//! architecture file implements, the table of architectures by
+//! `model_type`, and [`MlxModel`], the forward passes the engine thread
+//! runs (a prompt's hidden states, a question read on a state, logits).
+
+use std::path::Path;
+
+use mlx_rs::{ops, Array};
+use sha2::{Digest, Sha256};
+
+use super::cache::ModelCache;
+use super::error::{MlxError, MlxResult};
+use super::layers::LastHidden;
+use super::profile::{self, Class};
+use super::{gemma4, llama, loader, qwen3_5, switch};
+use crate::engine::ModelInfo;
+use crate::model_config;
+
+/// How weights are held in memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// Expand quantized matrices into dense ones at load. MLX's CPU backend
+    /// multiplies quantized matrices with a kernel of its own, far slower
+    /// than an OpenBLAS product on the dense matrix
+    /// (runs/2026-11-30_cpu-kernels), so on the CPU the weights are
+    /// dequantized once: the same values, more memory. On Metal quantized
+    /// kernels are fast and weights stay quantized.
+    pub dequantize: bool,
+    /// Compute the softmax of attention and the SiLU gate with the host
+    /// kernels of [`host`](super::host) instead of MLX's ops. MLX's CPU build evaluates
+    /// `exp` one element at a time, which made these two steps most of a
+    /// question's time; on Metal MLX's own kernels are fast.
+    pub host_kernels: bool,
+    /// Quantized experts (`gather_qmm`) get their token-expert pairs sorted
+    /// by expert from this many pairs on ([`switch::SORT_EXPERTS_FROM`]);
+    /// `usize::MAX` never sorts. MLX takes its batched kernel only for
+    /// sorted pairs; unsorted, each pair reads its expert's weights again.
+    pub sort_experts_from: usize,
+    /// Linear attention in MLX ops reads a prompt in blocks of tokens
+    /// ([`delta::chunked`](super::delta::chunked)); `false` reads it a token at a time
+    /// ([`delta::steps`](super::delta::steps)), as mlx-lm does. Decoding is a token at a time
+    /// either way, and the host kernels have their own loop.
+    pub chunked_delta: bool,
+}
+
+impl Default for LoadOptions {
+    /// The choices for the device MLX computes on, read at run time.
+    fn default() -> Self {
+        LoadOptions::for_device(Device::current())
+    }
+}
+
+impl LoadOptions {
+    /// On the CPU: dequantized weights and the host kernels; on a GPU
+    /// (Metal): neither.
+    pub fn for_device(device: Device) -> Self {
+        let cpu = device == Device::Cpu;
+        LoadOptions {
+            dequantize: cpu,
+            host_kernels: cpu,
+            sort_experts_from: switch::SORT_EXPERTS_FROM,
+            chunked_delta: true,
+        }
+    }
+}
+
+/// The kind of device MLX computes on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Device {
+    Cpu,
+    Gpu,
+}
+
+impl Device {
+    /// MLX's default device, asked at run time: a GPU with a Metal build on
+    /// a Mac whose GPU MLX can use; the CPU with MLX's CPU build, and with a
+    /// Metal build that found no usable GPU.
+    pub fn current() -> Device {
+        match mlx_rs::Device::try_default().and_then(|d| d.get_type()) {
+            Ok(mlx_rs::DeviceType::Gpu) => Device::Gpu,
+            _ => Device::Cpu,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Device::Cpu => "cpu",
+            Device::Gpu => "gpu",
+        }
+    }
+}
+
+/// What the engine asks of an architecture. Each architecture is one file
+/// of this module; the engine, the prefix cache and the routes above it see
+/// only this.
+pub trait Architecture {
+    /// Empty caches, one per layer, of the kinds the layers need.
+    fn new_cache(&self) -> ModelCache;
+    /// Width of the hidden states.
+    fn hidden_size(&self) -> usize;
+    /// Decoder blocks.
+    fn num_layers(&self) -> usize;
+    /// Runs `tokens` (`[1, L]`) from position `cache.offset()`, extending
+    /// every layer's cache, and returns the final hidden states (after the
+    /// last norm) of every position, `[1, L, D]`.
+    fn hidden(&self, tokens: &Array, cache: &mut ModelCache) -> MlxResult<Array>;
+    /// Like [`Architecture::hidden`] for the last position only (`[1, 1, D]`;
+    /// an architecture may skip work no other position needs), and, when
+    /// `tap` names a block, that block's output at the last position.
+    fn last_hidden(
+        &self,
+        tokens: &Array,
+        cache: &mut ModelCache,
+        tap: Option<usize>,
+    ) -> MlxResult<LastHidden>;
+    /// Logits over the vocabulary for final hidden states.
+    fn logits(&self, hidden: &Array) -> MlxResult<Array>;
+}
+
+type Loader = fn(&serde_json::Value, &loader::Weights) -> MlxResult<Box<dyn Architecture>>;
+
+/// The architectures this backend implements, by `model_type`.
+const LOADERS: &[(&str, Loader)] = &[
+    ("llama", llama::Model::boxed),
+    ("gemma4", gemma4::Model::boxed),
+    ("gemma4_text", gemma4::Model::boxed),
+    ("gemma4_unified", gemma4::Model::boxed),
+    ("qwen3_5", qwen3_5::Model::boxed),
+    ("qwen3_5_moe", qwen3_5::Model::boxed),
+];
+
+/// The `model_type`s this backend implements.
+pub fn architectures() -> impl Iterator<Item = &'static str> {
+    LOADERS.iter().map(|(name, _)| *name)
+}
+
+/// What [`MlxModel::read_question`] reads at a question's last position.
+pub struct Reading {
+    /// The float32 logits of the ids read.
+    pub logits: Vec<f32>,
+    /// Their log-probabilities over the vocabulary.
+    pub logprobs: Vec<f32>,
+    /// The hidden state, when asked.
+    pub hidden: Option<Vec<f32>>,
+}
+
+/// A loaded model: forward passes over token ids with a cache.
+pub struct MlxModel {
+    arch: Box<dyn Architecture>,
+    pub info: ModelInfo,
+}
+
+impl MlxModel {
+    /// Reads the model description (no weights) of the conversion in `dir`.
+    pub fn describe(dir: &Path) -> MlxResult<ModelInfo> {
+        let config = loader::read_config(dir)?;
+        let mut info = describe_config(&config)?;
+        info.identity = identity(dir)?;
+        Ok(info)
+    }
+
+    /// Loads the conversion in `dir` as [`LoadOptions::default`] says.
+    pub fn load(dir: &Path) -> MlxResult<Self> {
+        Self::load_with(dir, LoadOptions::default())
+    }
+
+    pub fn load_with(dir: &Path, options: LoadOptions) -> MlxResult<Self> {
+        let info = Self::describe(dir)?;
+        let config = loader::read_config(dir)?;
+        let weights = loader::Weights::load(dir, &config, options)?;
+        let load = LOADERS
+            .iter()
+            .find(|(name, _)| *name == info.architecture)
+            .map(|(_, load)| *load)
+            .ok_or_else(|| unsupported(&info.architecture))?;
+        let arch = load(&config, &weights)?;
+        weights.finish()?;
+        Ok(MlxModel { arch, info })
+    }
+
+    pub fn new_cache(&self) -> ModelCache {
+        self.arch.new_cache()
+    }
+
+    /// Computes what the weights still owe (a dequantized copy, a stacked
+    /// expert, a norm folded at load): one token through every layer and
+    /// the output head, evaluated and dropped, so the first request runs
+    /// at full speed.
+    pub fn warm_up(&self) -> MlxResult<()> {
+        let mut cache = self.new_cache();
+        let last = self.last_hidden(&[0], &mut cache)?;
+        self.logits(&last)?.eval()?;
+        Ok(())
+    }
+
+    /// Final hidden states of `tokens` (`[1, L]`), extending `cache`.
+    pub fn hidden(&self, tokens: &[u32], cache: &mut ModelCache) -> MlxResult<Array> {
+        let ids = Array::from_slice(tokens, &[1, tokens.len() as i32]);
+        let h = self.arch.hidden(&ids, cache)?;
+        cache.advance(tokens.len());
+        Ok(h)
+    }
+
+    /// Width of the hidden states.
+    pub fn hidden_size(&self) -> usize {
+        self.arch.hidden_size()
+    }
+
+    /// Decoder blocks.
+    pub fn num_layers(&self) -> usize {
+        self.arch.num_layers()
+    }
+
+    /// The final hidden state of the last of `tokens` (`[1, 1, D]`),
+    /// extending `cache` by all of them.
+    pub fn last_hidden(&self, tokens: &[u32], cache: &mut ModelCache) -> MlxResult<Array> {
+        Ok(self.last_hidden_tap(tokens, cache, None)?.normed)
+    }
+
+    /// Like [`MlxModel::last_hidden`], with block `tap`'s output at the last
+    /// position as well when it is given.
+    pub fn last_hidden_tap(
+        &self,
+        tokens: &[u32],
+        cache: &mut ModelCache,
+        tap: Option<usize>,
+    ) -> MlxResult<LastHidden> {
+        if let Some(t) = tap.filter(|&t| t >= self.num_layers()) {
+            return Err(MlxError::Config(format!(
+                "layer {t} does not exist: the model has {} blocks",
+                self.num_layers()
+            )));
+        }
+        let ids = Array::from_slice(tokens, &[1, tokens.len() as i32]);
+        let h = self.arch.last_hidden(&ids, cache, tap)?;
+        cache.advance(tokens.len());
+        Ok(h)
+    }
+
+    /// Logits over the vocabulary for hidden states.
+    pub fn logits(&self, hidden: &Array) -> MlxResult<Array> {
+        self.arch.logits(hidden)
+    }
+
+    /// Runs `tokens` in chunks of at most `chunk` and returns the final
+    /// hidden state of the last position (`[1, 1, D]`).
+    pub fn prefill(
+        &self,
+        tokens: &[u32],
+        cache: &mut ModelCache,
+        chunk: usize,
+    ) -> MlxResult<Array> {
+        let mut last = None;
+        for part in tokens.chunks(chunk.max(1)) {
+            last = Some(self.last_hidden(part, cache)?);
+            if part.len() == chunk {
+                cache.eval()?;
+            }
+        }
+        last.ok_or_else(|| MlxError::Config("an empty prompt has no next token".into()))
+    }
+
+    /// A question on a state: `suffix` run from `cache` (the state's,
+    /// extended), and at its last position the float32 logits of the ids
+    /// `read` and their log-probabilities over the vocabulary, and with
+    /// `hidden` the final norm's output (or block `tap`'s).
+    pub fn read_question(
+        &self,
+        suffix: &[u32],
+        cache: &mut ModelCache,
+        read: &[u32],
+        hidden: bool,
+        tap: Option<usize>,
+    ) -> MlxResult<Reading> {
+        let taken = self.last_hidden_tap(suffix, cache, tap)?;
+        let last = taken.normed;
+        let logits = ops::reshape(self.logits(&last)?.as_type::<f32>()?, &[-1])?;
+        let norm = ops::logsumexp(&logits, false)?;
+        let read: Vec<i32> = read.iter().map(|&t| t as i32).collect();
+        let picked =
+            ops::indexing::take_axis(&logits, Array::from_slice(&read, &[read.len() as i32]), 0)?;
+        let logprobs = ops::subtract(&picked, &norm)?;
+        let hidden = hidden
+            .then(|| ops::reshape(taken.tap.as_ref().unwrap_or(&last).as_type::<f32>()?, &[-1]))
+            .transpose()?;
+        let mut arrays = vec![&picked, &logprobs];
+        arrays.extend(hidden.iter());
+        // The cast, the vocabulary's log-normaliser and the letters' rows.
+        let flops = 4.0 * profile::elements(&logits);
+        profile::op(Class::Softmax, flops, || {
+            mlx_rs::transforms::eval(arrays)?;
+            Ok(picked.clone())
+        })?;
+        Ok(profile::host(Class::Transfers, 0.0, || Reading {
+            logits: picked.as_slice::<f32>().to_vec(),
+            logprobs: logprobs.as_slice::<f32>().to_vec(),
+            hidden: hidden.map(|h| h.as_slice::<f32>().to_vec()),
+        }))
+    }
+
+    /// Float32 log-probabilities over the vocabulary from hidden states
+    /// `[.., D]` → `[.., V]`.
+    pub fn log_softmax(&self, hidden: &Array) -> MlxResult<Array> {
+        let logits = self.logits(hidden)?.as_type::<f32>()?;
+        let norm = ops::logsumexp_axis(&logits, -1, true)?;
+        Ok(ops::subtract(&logits, &norm)?)
+    }
+
+    /// The float32 logits of the last position of `tokens` on a fresh cache.
+    pub fn last_logits(&self, tokens: &[u32]) -> MlxResult<Vec<f32>> {
+        let mut cache = self.new_cache();
+        let last = self.last_hidden(tokens, &mut cache)?;
+        let logits = self.logits(&last)?.as_type::<f32>()?;
+        logits.eval()?;
+        Ok(logits.as_slice::<f32>().to_vec())
+    }
+}
+
+fn unsupported(model_type: &str) -> MlxError {
+    MlxError::Config(format!(
+        "model_type `{model_type}` is not supported by the MLX backend (supported: {})",
+        architectures().collect::<Vec<_>>().join(", ")
+    ))
+}
+
+/// A digest of config.json and the names and sizes of the weight files.
+fn identity(dir: &Path) -> MlxResult<String> {
+    let mut h = Sha256::new();
+    let config = std::fs::read(dir.join("config.json"))
+        .map_err(|e| MlxError::Config(format!("cannot read config.json: {e}")))?;
+    h.update(&config);
+    for (name, size) in loader::safetensors_sizes(dir)? {
+        h.update(name.as_bytes());
+        h.update(size.to_le_bytes());
+    }
+    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+}
+
+fn describe_config(config: &serde_json::Value) -> MlxResult<ModelInfo> {
+    let model_type = config
+        .get("model_type")
+        .and_then(|v| v.as_str())
+        .ok_or_else(|| MlxError::Config("config.json has no model_type".into()))?;
+    if !architectures().any(|a| a == model_type) {
+        return Err(unsupported(model_type));
+    }
+    let get = |k: &str| model_config::get_usize(config, k);
+    Ok(ModelInfo {
+        context_length: get("max_position_embeddings").unwrap_or(4096),
+        vocab_size: get("vocab_size")
+            .ok_or_else(|| MlxError::Config("config.json has no vocab_size".into()))?,
+        hidden_size: get("hidden_size"),
+        architecture: model_type.to_string(),
+        identity: String::new(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_follows_the_device_mlx_computes_on() {
+        let cpu = LoadOptions::for_device(Device::Cpu);
+        assert!(cpu.dequantize && cpu.host_kernels);
+        let gpu = LoadOptions::for_device(Device::Gpu);
+        assert!(!gpu.dequantize && !gpu.host_kernels);
+        assert_eq!(
+            LoadOptions::default(),
+            LoadOptions::for_device(Device::current())
+        );
+        // MLX's CPU build (Linux) has no other device.
+        if cfg!(not(target_os = "macos")) {
+            assert_eq!(Device::current(), Device::Cpu);
+        }
+    }
+}

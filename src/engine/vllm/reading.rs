@@ -1,0 +1,130 @@
+//! Reading a question's option letters from a completions upstream: one
+//! completion of one token asking for the letters by the probed method,
+//! and, with a top-k upstream, an echo request for each letter outside the
+//! top k. Both ways of asking questions (`letters`, `packed`) read their
+//! letters here.
+
+use std::collections::HashMap;
+
+use super::probe::Probed;
+use super::protocol::{
+    cached_tokens, first_position, letter_request, state_found, token_id, CompletionRequest,
+    CompletionResponse,
+};
+use super::{score_timeout, Inner, LetterMethod};
+use crate::engine::EngineError;
+
+/// One question's letters, read from the upstream that holds its state.
+/// Returns the letters' log-probabilities (in `read` order) and whether the
+/// first `state` tokens of the prompt were found cached.
+pub async fn read_letters(
+    inner: &Inner,
+    key: &[u8],
+    prompt: &[u32],
+    read: &[u32],
+    state: usize,
+) -> Result<(Vec<f32>, bool), EngineError> {
+    let (probed, response): (Probed, CompletionResponse) = inner
+        .pool
+        .call_routed(key, "/v1/completions", score_timeout(inner), |p| {
+            letter_request(
+                p.method,
+                CompletionRequest::greedy(&p.model, prompt.to_vec(), 1),
+                read,
+            )
+        })
+        .await?;
+    let found_state = state_found(
+        cached_tokens(response.usage.as_ref()),
+        state,
+        prompt.len(),
+        probed.hit_unit(),
+    );
+    let found = first_position(&response).map_err(|m| EngineError::Upstream(m.to_string()))?;
+    let out = letters_at(inner, key, &probed, &found, read, || prompt.to_vec(), "").await?;
+    Ok((out, found_state))
+}
+
+/// The log-probability of `letter` after `prompt`, from an echo of
+/// `prompt ++ [letter]` (the letter's prompt log-probability). vLLM reads
+/// such a prompt whole, without its prefix cache (`skip_reading_prefix_cache`
+/// is set for prompt log-probabilities, vllm/sampling_params.py).
+async fn echo_letter(
+    inner: &Inner,
+    key: &[u8],
+    prompt: &[u32],
+    letter: u32,
+) -> Result<f32, EngineError> {
+    let mut ids = prompt.to_vec();
+    ids.push(letter);
+    let at = prompt.len();
+    let (_, response): (Probed, CompletionResponse) = inner
+        .pool
+        .call_routed(key, "/v1/completions", score_timeout(inner), |p| {
+            CompletionRequest {
+                logprobs: Some(0),
+                echo: true,
+                ..CompletionRequest::new(&p.model, ids.clone(), 0)
+            }
+        })
+        .await?;
+    let lp = response
+        .choices
+        .first()
+        .and_then(|c| c.logprobs.as_ref())
+        .filter(|l| l.tokens.get(at).and_then(|t| token_id(t)) == Some(letter))
+        .and_then(|l| l.token_logprobs.get(at).copied().flatten());
+    lp.map(|v| v as f32).ok_or_else(|| {
+        EngineError::Upstream(format!(
+            "the echo of the prompt did not return the log-probability of letter token {letter}"
+        ))
+    })
+}
+
+/// The log-probabilities of the letters `read` among `found`, the
+/// alternatives one position returned. With a top-k upstream a letter
+/// outside the top k is read by an echo of `prompt()`, the prompt that
+/// position saw; with any other method a missing letter is an error (never
+/// a zero), naming the position (`at`).
+pub async fn letters_at(
+    inner: &Inner,
+    key: &[u8],
+    probed: &Probed,
+    found: &HashMap<u32, f64>,
+    read: &[u32],
+    prompt: impl FnOnce() -> Vec<u32>,
+    at: &str,
+) -> Result<Vec<f32>, EngineError> {
+    let mut out = Vec::with_capacity(read.len());
+    let mut missing = Vec::new();
+    for (i, id) in read.iter().enumerate() {
+        match found.get(id) {
+            Some(&v) => out.push(v as f32),
+            None => {
+                out.push(f32::NAN);
+                missing.push(i);
+            }
+        }
+    }
+    if missing.is_empty() {
+        return Ok(out);
+    }
+    if !matches!(probed.method, LetterMethod::TopK { .. }) {
+        return Err(EngineError::Upstream(format!(
+            "the upstream did not return the log-probability of {} option letter(s) \
+             (token ids {:?}){at} with {}",
+            missing.len(),
+            missing.iter().map(|&i| read[i]).collect::<Vec<_>>(),
+            probed.method
+        )));
+    }
+    let prompt = prompt();
+    let echoes = missing
+        .iter()
+        .map(|&i| echo_letter(inner, key, &prompt, read[i]));
+    let values = futures::future::try_join_all(echoes).await?;
+    for (&i, v) in missing.iter().zip(values) {
+        out[i] = v;
+    }
+    Ok(out)
+}
