@@ -41,6 +41,8 @@ FLOORS = [
 ]
 
 PATH = re.compile(r"\b(crate|super|self)((?:::[A-Za-z_0-9]+)+)")
+# `pub use child::{A, B};` / `pub use self::child::A;` in a module's own file
+REEXPORT = re.compile(r"\bpub use (?:self::)?([a-z_0-9]+)::(\{[^;]*\}|[A-Za-z_0-9]+);", re.S)
 USE_GROUP = re.compile(r"\buse\s+(crate|super|self)::\{", re.S)
 
 
@@ -108,16 +110,40 @@ def references(module, file):
     return out
 
 
+def reexports(mods):
+    """{(module, item): child module} for every item a module's file
+    re-exports from one of its children, so an import through the parent
+    counts as an import of the child that defines the item."""
+    out = {}
+    for module, file in mods.items():
+        text = re.sub(r"//[^\n]*", "", file.read_text())
+        for m in REEXPORT.finditer(text):
+            child = module + (m.group(1),)
+            if child not in mods:
+                continue
+            for item in re.findall(r"[A-Za-z_0-9]+", m.group(2)):
+                out[(module, item)] = child
+    return out
+
+
 def graph(mods):
-    """{module: {module it imports}} at module granularity."""
+    """{module: {module it imports}} at module granularity (an item a
+    parent re-exports counts as its defining child's)."""
+    through = reexports(mods)
     g = collections.defaultdict(set)
     for module, file in mods.items():
         for ref in references(module, file):
-            ref = list(ref)
-            while ref and tuple(ref) not in mods:
-                ref.pop()
-            if ref and tuple(ref) != module:
-                g[module].add(tuple(ref))
+            parts = list(ref)
+            n = len(parts)
+            while n and tuple(parts[:n]) not in mods:
+                n -= 1
+            if not n and not parts:
+                continue
+            target = tuple(parts[:n])
+            if n < len(parts):
+                target = through.get((target, parts[n]), target)
+            if target != module and target in mods:
+                g[module].add(target)
     return g
 
 

@@ -17,7 +17,7 @@ use super::MlxResult;
 
 /// When the host kernels ([`host`], [`super::delta::host`]) replace MLX's
 /// ops, the one rule for every architecture: where
-/// [`super::LoadOptions::host_kernels`] is on, and the kernel computes what
+/// [`super::options::LoadOptions::host_kernels`] is on, and the kernel computes what
 /// the ops it replaces compute.
 ///
 /// - The softmax of attention and the SiLU gate ([`HostKernels::apply`]):

@@ -10,13 +10,13 @@ use mlx_rs::{ops, Array};
 use serde::Deserialize;
 use serde_json::Value;
 
+use super::architecture::Architecture;
 use super::cache::{KvCache, LayerCache, ModelCache};
 use super::layers::{
     attention, last_position, residual, Activation, Block, DecoderStack, GatedMlp, HostKernels,
     LastHidden, Linear, RmsNorm, Rope, RopeScaling,
 };
 use super::loader::Weights;
-use super::Architecture;
 use super::{MlxError, MlxResult};
 
 fn default_rope_theta() -> f32 {

@@ -48,14 +48,18 @@ pub fn read_config(dir: &Path) -> MlxResult<Value> {
 /// fails loudly instead of serving with weights silently ignored.
 pub struct Weights {
     tensors: RefCell<HashMap<String, Array>>,
-    /// How the model is held and run (see [`super::LoadOptions`]).
-    pub options: super::LoadOptions,
+    /// How the model is held and run (see [`super::options::LoadOptions`]).
+    pub options: super::options::LoadOptions,
     default_quant: Option<Quant>,
     overrides: HashMap<String, Option<Quant>>,
 }
 
 impl Weights {
-    pub fn load(dir: &Path, config: &Value, options: super::LoadOptions) -> MlxResult<Self> {
+    pub fn load(
+        dir: &Path,
+        config: &Value,
+        options: super::options::LoadOptions,
+    ) -> MlxResult<Self> {
         let mut tensors = HashMap::new();
         let files = shard_files(dir)?;
         for (i, file) in files.iter().enumerate() {

@@ -21,7 +21,7 @@
 
 use std::ffi::CString;
 
-use super::Device;
+use super::options::Device;
 
 /// The most MLX's buffer cache may hold: a prefill's scratch (activations
 /// of a 256-token chunk, attention scores) fits many times over.

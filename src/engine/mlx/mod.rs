@@ -18,8 +18,9 @@
 //!
 //! The files, by job:
 //!
-//! - the model: `model` (how weights are held, the [`Architecture`] seam,
-//!   [`MlxModel`]'s forward passes), [`loader`] (the checkpoint's tensors
+//! - the model: `options` (how weights are held, for the device MLX
+//!   computes on), `architecture` (the [`Architecture`] seam), `model` (the
+//!   architectures by `model_type`, [`MlxModel`]'s forward passes), [`loader`] (the checkpoint's tensors
 //!   and quantization), [`layers`] (the blocks every architecture shares:
 //!   linear layers, norms, rope, attention, the gated MLP, the decoder
 //!   stack), [`switch`] (mixtures of experts), [`cache`] (per-layer
@@ -33,6 +34,7 @@
 //!   (choosing a token), [`memory`] (MLX's memory limits);
 //! - `error`: [`MlxError`].
 
+mod architecture;
 pub mod cache;
 pub mod delta;
 mod engine;
@@ -46,12 +48,15 @@ pub mod llama;
 pub mod loader;
 pub mod memory;
 mod model;
+mod options;
 pub mod profile;
 pub mod qwen3_5;
 pub mod sample;
 pub mod switch;
 
+pub use self::architecture::Architecture;
 pub use self::engine::{MlxEngine, MlxOptions};
 pub use self::error::{MlxError, MlxResult};
 pub use self::layers::LastHidden;
-pub use self::model::{architectures, Architecture, Device, LoadOptions, MlxModel, Reading};
+pub use self::model::{architectures, MlxModel, Reading};
+pub use self::options::{Device, LoadOptions};

@@ -26,6 +26,7 @@ use mlx_rs::{fast, nn, ops, Array, Dtype};
 use serde::Deserialize;
 use serde_json::Value;
 
+use super::architecture::Architecture;
 use super::cache::{DeltaCache, KvCache, LayerCache, ModelCache};
 use super::delta;
 use super::layers::{
@@ -34,7 +35,6 @@ use super::layers::{
 };
 use super::loader::Weights;
 use super::switch::SwitchGlu;
-use super::Architecture;
 use super::{MlxError, MlxResult};
 use crate::model_config;
 

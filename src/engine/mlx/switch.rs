@@ -17,10 +17,7 @@ use super::layers::{self, Activation, HostKernels};
 use super::loader::{Quant, Weights};
 use super::{MlxError, MlxResult};
 
-/// Token-expert pairs from which quantized experts sort them by expert, as
-/// mlx-lm's `SwitchGLU` does (a prefill chunk; a question's few tokens stay
-/// unsorted, where sorting costs more than it saves).
-pub const SORT_EXPERTS_FROM: usize = 64;
+pub use super::options::SORT_EXPERTS_FROM;
 
 /// The experts' stacked matrices `[E, out, in]` of one projection.
 enum Experts {

@@ -48,6 +48,7 @@ use serde_json::Value;
 pub use self::config::{Config, RopeParameters};
 
 use self::config::LayerType;
+use super::architecture::Architecture;
 use super::cache::{KvCache, LayerCache, ModelCache, WindowCache};
 use super::layers::{
     attention, gelu_approx, last_position, run_blocks, scalar, Activation, DecoderStack, Embedding,
@@ -55,7 +56,6 @@ use super::layers::{
 };
 use super::loader::Weights;
 use super::switch::SwitchGlu;
-use super::Architecture;
 use super::{MlxError, MlxResult};
 
 /// `x * v` for a scalar `v`, in `x`'s dtype.

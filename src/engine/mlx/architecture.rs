@@ -1,0 +1,35 @@
+//! The seam between the engine and a model's architecture: what every
+//! architecture file (`llama`, `qwen3_5`, `gemma4`) implements.
+
+use mlx_rs::Array;
+
+use super::cache::ModelCache;
+use super::error::MlxResult;
+use super::layers::LastHidden;
+
+/// What the engine asks of an architecture. Each architecture is one file
+/// of this module; the engine, the prefix cache and the routes above it see
+/// only this.
+pub trait Architecture {
+    /// Empty caches, one per layer, of the kinds the layers need.
+    fn new_cache(&self) -> ModelCache;
+    /// Width of the hidden states.
+    fn hidden_size(&self) -> usize;
+    /// Decoder blocks.
+    fn num_layers(&self) -> usize;
+    /// Runs `tokens` (`[1, L]`) from position `cache.offset()`, extending
+    /// every layer's cache, and returns the final hidden states (after the
+    /// last norm) of every position, `[1, L, D]`.
+    fn hidden(&self, tokens: &Array, cache: &mut ModelCache) -> MlxResult<Array>;
+    /// Like [`Architecture::hidden`] for the last position only (`[1, 1, D]`;
+    /// an architecture may skip work no other position needs), and, when
+    /// `tap` names a block, that block's output at the last position.
+    fn last_hidden(
+        &self,
+        tokens: &Array,
+        cache: &mut ModelCache,
+        tap: Option<usize>,
+    ) -> MlxResult<LastHidden>;
+    /// Logits over the vocabulary for final hidden states.
+    fn logits(&self, hidden: &Array) -> MlxResult<Array>;
+}
