@@ -50,6 +50,7 @@ e2e: setup
 lint:
 	cargo fmt --all -- --check
 	cargo clippy --release --locked --all-targets -- -D warnings
+	python3 scripts/check_layers.py
 
 # Compile checks of macOS (Apple silicon) and aarch64 Linux from x86_64 Linux.
 check-targets: setup

@@ -16,6 +16,8 @@ checks two rules (`docs/design/layout.md`):
    lower floors (or on its own floor, without a circle). A module missing
    from `FLOORS` is an error, so a new module is placed when it is added.
 
+3. **Files stay readable.** No file is longer than `MAX_LINES` lines.
+
 `--show MODULE` prints that module's graph of child imports (`crate` for the
 top level). Exits 1 with one line per fault; prints a one-line summary when
 the house is sound.
@@ -39,6 +41,9 @@ FLOORS = [
     ["prompt", "bases", "hub", "metrics", "settings", "client", "progress"],
     ["stats", "model_config", "rng", "base64"],
 ]
+
+# The longest a source file may be (docs/design/layout.md).
+MAX_LINES = 700
 
 PATH = re.compile(r"\b(crate|super|self)((?:::[A-Za-z_0-9]+)+)")
 # `pub use child::{A, B};` / `pub use self::child::A;` in a module's own file
@@ -203,7 +208,7 @@ def main():
     ap.add_argument("src", nargs="?", default=str(Path(__file__).resolve().parents[1] / "src"))
     ap.add_argument("--show", help="print this module's graph of child imports")
     args = ap.parse_args()
-    mods = modules(Path(args.src))
+    mods = modules(Path(args.src).resolve())
     g = graph(mods)
     if args.show:
         parent = () if args.show == "crate" else tuple(args.show.split("::"))
@@ -229,11 +234,16 @@ def main():
             if a[0] in floor and b[0] in floor and floor[b[0]] < floor[a[0]]:
                 faults.append(f"{a[0]} (floor {floor[a[0]]}) imports {b[0]} (floor {floor[b[0]]}), "
                               "a floor above it: move the shared item down")
+    for module, file in sorted(mods.items()):
+        lines = file.read_text().count("\n")
+        if lines > MAX_LINES:
+            shown = file.relative_to(Path(args.src).resolve().parent) if file.is_absolute() else file
+            faults.append(f"{shown}: {lines} lines, over {MAX_LINES}; split it by job")
     for f in faults:
         print(f)
     if faults:
         return 1
-    print(f"layers: {len(mods)} modules, no circle, no import up a floor")
+    print(f"layers: {len(mods)} modules, no circle, no import up a floor, none over {MAX_LINES} lines")
     return 0
 
 

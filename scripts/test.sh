@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `make test`: sets everything up, then runs every test, timing each stage.
 #
-# Stages: setup (scripts/setup.sh), reference (the Python reference figures,
+# Stages: layers (the floors of src/: no import circle, no import up a
+# floor, no file over 700 lines: scripts/check_layers.py), setup (scripts/setup.sh), reference (the Python reference figures,
 # computed once per input: scripts/reference/cache.py), rust (the test
 # binaries built and run side by side: scripts/test_binaries.py), targets
 # (the compile checks of macOS and aarch64 Linux: scripts/check-targets.sh), e2e (the
@@ -55,6 +56,7 @@ report() {
 }
 trap report EXIT
 
+stage layers python3 scripts/check_layers.py
 stage setup bash scripts/setup.sh || exit 1
 stage reference make --no-print-directory reference-cached || exit 1
 rust_json=()

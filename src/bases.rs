@@ -61,6 +61,52 @@ pub struct Base {
     /// Longest state the base is documented for; longer states run, with a
     /// warning in the log and the response.
     pub documented_state_tokens: Option<usize>,
+    /// How System One questions are asked: the yes/no rendering and the
+    /// temperatures of each question type, the reference decisio's for the
+    /// base (`decisio/families.py`).
+    pub wire: WireSettings,
+}
+
+/// How a yes/no question is put to the model (`--noul-rendering`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NoulRendering {
+    /// In words, read from ` yes` and ` no`.
+    Words,
+    /// A two-option letter choice, the false side first, each side shown as
+    /// its description.
+    Letters,
+    /// As `Letters`, each side named: `No: <false>`, `Yes: <true>`.
+    LettersKeys,
+}
+
+/// A base's System One settings (`decisio/families.py`): how yes/no
+/// questions are asked and the temperatures of each question type.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct WireSettings {
+    pub noul: NoulRendering,
+    /// Choice questions' temperature.
+    pub choice_temperature: f64,
+    /// Yes/no and score questions' temperature.
+    pub temperature: f64,
+}
+
+impl WireSettings {
+    /// The temperature of a choice question, or of a yes/no or score one.
+    pub fn temperature_of(&self, choice: bool) -> f64 {
+        if choice {
+            self.choice_temperature
+        } else {
+            self.temperature
+        }
+    }
+
+    /// The reference's served defaults (its Qwen base's settings, which it
+    /// also gives a model of no base of its own, such as the fixture).
+    pub const SERVED: WireSettings = WireSettings {
+        noul: NoulRendering::LettersKeys,
+        choice_temperature: 1.370,
+        temperature: 1.506,
+    };
 }
 
 /// The bases, the default first.
@@ -98,6 +144,7 @@ pub const BASES: &[Base] = &[
         },
         prefix_cache_mib: 2048,
         documented_state_tokens: None,
+        wire: WireSettings::SERVED,
     },
     Base {
         name: "gemma-4-12b",
@@ -127,6 +174,11 @@ pub const BASES: &[Base] = &[
         },
         prefix_cache_mib: 7400,
         documented_state_tokens: None,
+        wire: WireSettings {
+            noul: NoulRendering::Letters,
+            choice_temperature: 3.592,
+            temperature: 3.592,
+        },
     },
     Base {
         name: "gemma-4-31b",
@@ -146,6 +198,11 @@ pub const BASES: &[Base] = &[
         },
         prefix_cache_mib: 2048,
         documented_state_tokens: Some(16_383),
+        wire: WireSettings {
+            noul: NoulRendering::Letters,
+            choice_temperature: 4.672,
+            temperature: 5.252,
+        },
     },
 ];
 

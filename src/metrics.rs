@@ -6,7 +6,8 @@
 //! `--upstream` URLs (at most `max_upstreams` of them, fixed at start) and
 //! `outcome` one of `ok`, `http_4xx`, `http_5xx`, `timeout`, `connect`,
 //! `invalid`; task registration metrics are labelled by status or outcome
-//! (a fixed set), never by task.
+//! (a fixed set), never by task; System One questions by `type` (`noul`,
+//! `choice`, `score`).
 
 use prometheus::{
     exponential_buckets, Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter,
@@ -24,6 +25,10 @@ pub struct Metrics {
     pub question_seconds: HistogramVec,
     /// Seconds to prefill a state that was not in the cache.
     pub new_state_seconds: Histogram,
+    /// System One questions answered, by type.
+    pub wire_questions: IntCounterVec,
+    /// Seconds a System One request took per question, by type.
+    pub wire_question_seconds: HistogramVec,
     pub prefix_cache_hits: IntCounter,
     pub prefix_cache_misses: IntCounter,
     pub prefix_cache_evictions: IntCounter,
@@ -80,11 +85,28 @@ impl Metrics {
             "Seconds to prefill a state that was not in the prefix cache.",
         ))
         .expect("metric");
+        let wire_question_seconds = HistogramVec::new(
+            histogram(
+                "decisio_systemone_question_seconds",
+                "Seconds a POST /v1/systemone request took, per question, by question type.",
+            ),
+            &["type"],
+        )
+        .expect("metric");
         let counter = |name: &str, help: &str| IntCounter::new(name, help).expect("metric");
         let gauge = |name: &str, help: &str| IntGauge::new(name, help).expect("metric");
         let m = Metrics {
             question_seconds,
             new_state_seconds,
+            wire_questions: IntCounterVec::new(
+                Opts::new(
+                    "decisio_systemone_questions_total",
+                    "Questions answered on POST /v1/systemone, by question type.",
+                ),
+                &["type"],
+            )
+            .expect("metric"),
+            wire_question_seconds,
             prefix_cache_hits: counter(
                 "decisio_prefix_cache_hits_total",
                 "State look-ups (one per request) that found the state in the prefix cache.",
@@ -217,6 +239,10 @@ impl Metrics {
         for read in ["generated", "fallback"] {
             m.packed_answers.with_label_values(&[read]);
         }
+        for kind in ["noul", "choice", "score"] {
+            m.wire_questions.with_label_values(&[kind]);
+            m.wire_question_seconds.with_label_values(&[kind]);
+        }
         m.register();
         m
     }
@@ -226,6 +252,8 @@ impl Metrics {
         let all: Vec<Box<dyn prometheus::core::Collector>> = vec![
             Box::new(self.question_seconds.clone()),
             Box::new(self.new_state_seconds.clone()),
+            Box::new(self.wire_questions.clone()),
+            Box::new(self.wire_question_seconds.clone()),
             Box::new(self.prefix_cache_hits.clone()),
             Box::new(self.prefix_cache_misses.clone()),
             Box::new(self.prefix_cache_evictions.clone()),

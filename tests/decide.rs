@@ -65,6 +65,7 @@ fn prompts_split_at_the_state_and_tokenize_as_a_whole() {
                 abstain_below: None,
                 temperature: None,
                 head: None,
+                wire: None,
             };
             let r = render(&template, &state, &question).unwrap();
             assert!(r.prefix.ends_with(st["state"].as_str().unwrap().trim_end()));

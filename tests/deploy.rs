@@ -278,11 +278,14 @@ fn dashboard_names_only_metrics_the_gateway_exports() {
             }
         }
     }
-    // The upstream and HTTP families are all on the dashboard.
+    // The upstream, HTTP, latency and System One families are all on the dashboard.
     for name in [
         "decisio_http_requests_total",
         "decisio_http_request_seconds",
         "decisio_question_seconds",
+        "decisio_new_state_seconds",
+        "decisio_systemone_questions_total",
+        "decisio_systemone_question_seconds",
         "decisio_upstream_requests_total",
         "decisio_upstream_request_seconds",
         "decisio_upstream_in_flight",

@@ -18,6 +18,8 @@ use serde_json::{json, Value};
 const METRICS: &[(&str, &str)] = &[
     ("decisio_question_seconds", "histogram"),
     ("decisio_new_state_seconds", "histogram"),
+    ("decisio_systemone_questions_total", "counter"),
+    ("decisio_systemone_question_seconds", "histogram"),
     ("decisio_prefix_cache_hits_total", "counter"),
     ("decisio_prefix_cache_misses_total", "counter"),
     ("decisio_prefix_cache_evictions_total", "counter"),

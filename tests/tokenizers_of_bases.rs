@@ -72,6 +72,7 @@ fn mmlu_questions(n: usize) -> Vec<Question> {
                 abstain_below: None,
                 temperature: None,
                 head: None,
+                wire: None,
             }
         })
         .collect()

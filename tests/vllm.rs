@@ -223,6 +223,7 @@ fn packed_prompt(st: &Value, n: usize) -> Vec<u32> {
             abstain_below: None,
             temperature: None,
             head: None,
+            wire: None,
         })
         .collect();
     let r = render_packed(&template, &state, &qs).unwrap();

@@ -41,7 +41,7 @@
 mod environment;
 mod error;
 mod filters;
-mod python;
+pub mod python;
 mod source;
 mod template;
 mod tokenizer;

@@ -5,9 +5,14 @@
 //! engine's tokens into text (stop strings, incremental detokenization,
 //! log-probabilities with their token texts). It knows nothing of HTTP: the
 //! server maps [`RouteError`] to statuses and [`Output`] to OpenAI shapes.
+//!
+//! `decide/` answers decisions (lettered questions about a state); `wire`
+//! holds the System One wire's prompt layout, which decisions asked on
+//! `POST /v1/systemone` use; `generate` streams text generations.
 
 pub mod decide;
 mod generate;
+pub mod wire;
 
 use std::sync::Arc;
 
@@ -21,6 +26,7 @@ use crate::engine::{Engine, EngineError, GenerateRequest, Sampling};
 use crate::metrics::Metrics;
 use crate::prompt::{ChatTemplate, TextTokenizer};
 use crate::settings::Limits;
+use wire::WireSettings;
 
 /// Why the route could not serve a request.
 #[derive(Debug, thiserror::Error)]
@@ -107,6 +113,14 @@ pub struct TextRoute {
     /// Token ids of ` A`..` Z` (the letters after `N: ` in a packed answer
     /// sheet), when each is one token.
     pub packed_letter_ids: Option<Vec<u32>>,
+    /// The System One wire's letter codes with their token ids (` A` ...,
+    /// ` AA` ..., up to 255; [`wire::letter_codes`]).
+    pub wire_codes: Vec<(String, u32)>,
+    /// Token ids of ` yes` and ` no`, when each is one token (a yes/no
+    /// question asked in words reads them).
+    pub yes_no_ids: Option<[u32; 2]>,
+    /// How System One questions are asked on this base.
+    pub wire: WireSettings,
 }
 
 impl TextRoute {
@@ -129,9 +143,19 @@ impl TextRoute {
                 _ => None,
             })
             .collect();
+        let one_token = |text: &str| match tokenizer.encode(text, false) {
+            Ok(ids) if ids.len() == 1 => Some(ids[0]),
+            _ => None,
+        };
+        let [yes, no] = wire::YES_NO_LABELS;
+        let yes_no_ids = one_token(yes).zip(one_token(no)).map(|(y, n)| [y, n]);
+        let wire_codes = wire::letter_codes(&tokenizer);
         Ok(TextRoute {
             pad_id,
             packed_letter_ids,
+            wire_codes,
+            yes_no_ids,
+            wire: config.base.map_or(WireSettings::SERVED, |b| b.wire),
             engine,
             tokenizer,
             template,
@@ -176,6 +200,12 @@ impl TextRoute {
         self.template
             .render(messages, add_generation_prompt, template_kwargs)
             .map_err(|e| RouteError::invalid("messages", e.to_string()))
+    }
+
+    /// How many tokens a text is, alone (System One's `usage` counts the
+    /// state and each question's own text so).
+    pub fn count_tokens(&self, text: &str) -> Result<usize, RouteError> {
+        Ok(self.tokenize(text, false)?.len())
     }
 
     /// Token ids of a text (a rendered chat prompt carries its own special

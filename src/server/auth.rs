@@ -1,6 +1,8 @@
 //! `--api-key`: every route but `/health` and `/metrics` needs
 //! `Authorization: Bearer <key>`. Keys are compared in constant time (as
 //! SHA-256 digests, so neither content nor length leaks through timing).
+//! The refusal is in the route's shape: OpenAI's, or System One's on
+//! `/v1/systemone` (`error_type` `authentication_error`).
 
 use actix_web::body::{BoxBody, MessageBody};
 use actix_web::dev::{ServiceRequest, ServiceResponse};
@@ -46,7 +48,10 @@ pub async fn require_api_key(
                 Some(_) => None,
             };
             if let Some(message) = error {
-                let response = ApiError::Unauthorized(message.into()).error_response();
+                let mut response = ApiError::Unauthorized(message.into()).error_response();
+                if req.path() == "/v1/systemone" {
+                    response = super::systemone::wire_shaped(response, message);
+                }
                 return Ok(req.into_response(response));
             }
         }

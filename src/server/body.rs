@@ -1,5 +1,8 @@
-//! Reading a JSON body under the size limit, with errors that name the field.
+//! Reading a body under the size limit (decompressed as its
+//! `Content-Encoding` says: gzip, zstd, deflate or br), and parsing JSON with
+//! errors that name the field.
 
+use actix_web::dev::Decompress;
 use actix_web::{web, HttpRequest};
 use futures::StreamExt;
 use serde::de::DeserializeOwned;
@@ -12,9 +15,19 @@ const DRAIN_FACTOR: usize = 4;
 
 pub async fn read_json<T: DeserializeOwned>(
     req: &HttpRequest,
-    mut payload: web::Payload,
+    payload: web::Payload,
     limit: usize,
 ) -> Result<T, ApiError> {
+    parse(&read_bytes(req, payload, limit).await?)
+}
+
+/// The body's bytes, decompressed, at most `limit` of them (after
+/// decompression: a small compressed body cannot expand past the limit).
+pub async fn read_bytes(
+    req: &HttpRequest,
+    payload: web::Payload,
+    limit: usize,
+) -> Result<web::BytesMut, ApiError> {
     let declared = req
         .headers()
         .get("content-length")
@@ -23,6 +36,7 @@ pub async fn read_json<T: DeserializeOwned>(
     if declared.is_some_and(|n| n > limit.saturating_mul(DRAIN_FACTOR)) {
         return Err(ApiError::PayloadTooLarge(limit));
     }
+    let mut payload = Decompress::from_headers(payload, req.headers());
     let mut body = web::BytesMut::new();
     let mut over = false;
     let mut read = 0usize;
@@ -43,7 +57,7 @@ pub async fn read_json<T: DeserializeOwned>(
     if over {
         return Err(ApiError::PayloadTooLarge(limit));
     }
-    parse(&body)
+    Ok(body)
 }
 
 /// Parses a body, naming the field at fault.

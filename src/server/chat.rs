@@ -443,6 +443,7 @@ fn decision(
             abstain_below: d.abstain_below,
             temperature: d.temperature,
             head: None,
+            wire: None,
         },
     };
     check_question(&question, "decisio")?;
@@ -654,7 +655,7 @@ async fn answer_decision(
     let content = if a.intent {
         a.option.clone().unwrap_or_default()
     } else {
-        a.letter.unwrap_or_default().to_string()
+        a.letter.clone().unwrap_or_default()
     };
     Ok(HttpResponse::Ok().json(ChatDecision {
         id: new_id("chatcmpl"),

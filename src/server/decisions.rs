@@ -50,7 +50,7 @@ pub struct StateOut {
 #[derive(Clone, Debug, Serialize)]
 pub struct AnswerOut {
     pub id: Option<String>,
-    pub letter: Option<&'static str>,
+    pub letter: Option<String>,
     pub index: Option<usize>,
     pub option: Option<String>,
     /// An intent task's answer: the chosen label (null when abstained);
@@ -152,6 +152,7 @@ fn validate(
                 abstain_below: q.abstain_below,
                 temperature: q.temperature,
                 head: None,
+                wire: None,
             };
             check_question(&question, &param)?;
             Ok(question)
@@ -182,7 +183,7 @@ pub fn answer_out(a: &Answer) -> AnswerOut {
     };
     AnswerOut {
         id: a.id.clone(),
-        letter: a.letter,
+        letter: a.letter.clone(),
         index: a.index,
         option: a.option.clone(),
         label: a.intent.then(|| a.option.clone()),

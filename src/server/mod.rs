@@ -12,6 +12,8 @@
 //!   decision shares;
 //! - `tasks`: `POST /v1/tasks`, `GET /v1/tasks`, `GET` and `DELETE
 //!   /v1/tasks/{id}`;
+//! - `systemone`: `POST /v1/systemone`, TypeSafe's System One wire, with
+//!   its own request, error and answer shapes;
 //! - `service`: `GET /v1/models`, `/health`, `/metrics`, `/openapi.json`
 //!   ([`openapi`]), and the 404 and 405 answers.
 //!
@@ -41,6 +43,7 @@ pub mod openapi;
 mod sampling;
 mod service;
 mod stream;
+pub mod systemone;
 mod tasks;
 mod tokens;
 
@@ -190,6 +193,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/tokenize"),
     ("POST", "/detokenize"),
     ("POST", "/v1/decide"),
+    ("POST", "/v1/systemone"),
     ("GET", "/metrics"),
     ("POST", "/v1/tasks"),
     ("GET", "/v1/tasks"),
@@ -239,6 +243,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
                 (_, "/tokenize") => route.to(tokens::tokenize),
                 (_, "/detokenize") => route.to(tokens::detokenize),
                 (_, "/v1/decide") => route.to(decisions::decide),
+                (_, "/v1/systemone") => route.to(systemone::systemone),
                 (_, "/metrics") => route.to(service::metrics),
                 ("POST", "/v1/tasks") => route.to(tasks::create_task),
                 ("GET", "/v1/tasks") => route.to(tasks::list_tasks),

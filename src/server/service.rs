@@ -48,10 +48,14 @@ pub struct ServedIdentity {
     pub multi_question: Vec<&'static str>,
 }
 
+/// `GET /v1/models`: OpenAI's list (`object`, `data`) and System One's
+/// (`models`: every name a System One request's `model` may give), so the
+/// OpenAI SDKs and TypeSafe's SDK both read it.
 #[derive(Clone, Debug, Serialize)]
 pub struct ModelList {
     pub object: &'static str,
     pub data: Vec<ModelCard>,
+    pub models: Vec<super::systemone::ModelMetadata>,
 }
 
 pub async fn models(state: web::Data<AppState>) -> HttpResponse {
@@ -66,6 +70,7 @@ pub async fn models(state: web::Data<AppState>) -> HttpResponse {
             max_model_len: state.route.context_length(),
             decisio: state.identity(),
         }],
+        models: super::systemone::model_metadata(&state.model_name, state.created),
     })
 }
 

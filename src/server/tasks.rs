@@ -317,6 +317,7 @@ fn choice_options(req: &TaskRequest) -> Result<Vec<String>> {
         abstain_below: None,
         temperature: None,
         head: None,
+        wire: None,
     };
     // The same rules as a decision's question, with the registration's names.
     check_question(&probe, "task").map_err(|e| match ApiError::from(e) {

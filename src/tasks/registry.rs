@@ -305,6 +305,7 @@ impl TaskRegistry {
                 .or_else(|| report.abstention.as_ref().and_then(|a| a.abstain_below)),
             temperature: temperature.or(Some(report.temperature)),
             head,
+            wire: None,
         })
     }
 }

@@ -242,4 +242,3 @@ pub fn neutral_sampling(body: &mut serde_json::Value) {
         }
     }
 }
-

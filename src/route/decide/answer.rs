@@ -3,6 +3,7 @@
 //! by the temperature), the tie-break and abstention.
 
 use super::{Answer, Question, LETTERS};
+use crate::route::wire::WireAsk;
 use crate::route::TextRoute;
 use crate::stats::head::Head;
 use crate::stats::{self, top_option};
@@ -25,35 +26,53 @@ fn f32s(v: Vec<f64>) -> Vec<f32> {
 }
 
 impl TextRoute {
+    /// The labels a question's answer names its options by: the letters,
+    /// the System One wire's letter codes, or `yes` and `no`.
+    fn labels(&self, q: &Question) -> Vec<String> {
+        match &q.wire {
+            None => LETTERS[..q.options.len()]
+                .iter()
+                .map(|l| l.to_string())
+                .collect(),
+            Some(WireAsk::Letters) => self.wire_codes[..q.options.len()]
+                .iter()
+                .map(|(code, _)| code.clone())
+                .collect(),
+            Some(WireAsk::YesNoWords) => vec!["yes".into(), "no".into()],
+        }
+    }
+
     /// The answer from the letters' logits: temperature (the request's, else
     /// the base's default), abstention, tie-break.
     pub(super) fn answer(&self, q: Question, logits: &[f32], logprobs: &[f32]) -> Answer {
         let temperature = q.temperature.unwrap_or(self.default_temperature);
-        let probabilities = calibrate(logits, temperature);
+        let exact = stats::softmax(logits, temperature);
+        let probabilities = f32s(exact.clone());
         let (top, tie) = top_option(&probabilities);
         let best = probabilities[top];
         let threshold = q.abstain_below;
         let abstained = threshold.is_some_and(|t| f64::from(best) < t);
-        let letters = &LETTERS[..q.options.len()];
+        let letters = self.labels(&q);
         Answer {
             id: q.id,
-            letter: (!abstained).then_some(letters[top]),
+            letter: (!abstained).then(|| letters[top].clone()),
             index: (!abstained).then_some(top),
-            option: (!abstained).then(|| q.options[top].clone()),
+            option: (!abstained).then(|| q.options.get(top).cloned().unwrap_or_default()),
             intent: false,
             probabilities: letters
                 .iter()
-                .map(|l| l.to_string())
+                .cloned()
                 .zip(probabilities.iter().copied())
                 .collect(),
+            exact,
             calibrated_logprobs: letters
                 .iter()
-                .map(|l| l.to_string())
+                .cloned()
                 .zip(calibrated_logprobs(logits, temperature))
                 .collect(),
             logprobs: letters
                 .iter()
-                .map(|l| l.to_string())
+                .cloned()
                 .zip(logprobs.iter().copied())
                 .collect(),
             temperature: temperature as f32,
@@ -77,7 +96,8 @@ impl TextRoute {
 pub fn intent_answer(q: Question, head: &Head, hidden: &[f32]) -> Answer {
     let logits = head.logits(hidden);
     let temperature = q.temperature.unwrap_or(head.temperature);
-    let probabilities = calibrate(&logits, temperature);
+    let exact = stats::softmax(&logits, temperature);
+    let probabilities = f32s(exact.clone());
     let (top, tie) = top_option(&probabilities);
     let best = probabilities[top];
     let threshold = q.abstain_below;
@@ -85,6 +105,7 @@ pub fn intent_answer(q: Question, head: &Head, hidden: &[f32]) -> Answer {
     Answer {
         id: q.id,
         letter: None,
+        exact,
         index: (!abstained).then_some(top),
         option: (!abstained).then(|| q.options[top].clone()),
         intent: true,

@@ -24,6 +24,7 @@ pub use self::render::{
 
 use super::{RouteError, TextRoute};
 use crate::engine::{MultiQuestion, QuestionScore, ScoreRequest, StateHash};
+use crate::route::wire::WireAsk;
 use crate::stats::head::Head;
 
 /// The letters of options, in order; at most 26 options per question.
@@ -67,15 +68,19 @@ pub struct Question {
     /// comes from the head on the answer position's hidden state instead
     /// of the letters.
     pub head: Option<Arc<Head>>,
+    /// Asked in the System One wire's layout (`route::wire`): the text is
+    /// the instructions, and the options are lettered with letter codes
+    /// (up to 255); `None` for decisio's own layout.
+    pub wire: Option<WireAsk>,
 }
 
 /// A decision's answer to one question.
 #[derive(Clone, Debug)]
 pub struct Answer {
     pub id: Option<String>,
-    /// The chosen option's letter; `None` when abstained or answered by
-    /// an intent head.
-    pub letter: Option<&'static str>,
+    /// The chosen option's letter (a letter code on the System One wire, or
+    /// `yes`/`no`); `None` when abstained or answered by an intent head.
+    pub letter: Option<String>,
     /// The chosen option's (or label's) index and text; `None` when abstained.
     pub index: Option<usize>,
     pub option: Option<String>,
@@ -84,6 +89,9 @@ pub struct Answer {
     /// Each option's letter (an intent task's: each label) with its
     /// calibrated probability.
     pub probabilities: Vec<(String, f32)>,
+    /// The same calibrated probabilities in f64, as computed (the System
+    /// One wire answers with them).
+    pub exact: Vec<f64>,
     /// Each option's letter (or label) with its calibrated log-probability
     /// (finite even where the probability rounds to 0).
     pub calibrated_logprobs: Vec<(String, f32)>,
@@ -129,16 +137,17 @@ pub fn check_question(q: &Question, param: &str) -> Result<(), RouteError> {
         return Err(invalid(&format!("{param}.text"), "the question is empty"));
     }
     let n = q.options.len();
-    if q.head.is_some() {
-        // An intent task's labels were checked at registration.
+    if q.wire.is_some() || q.head.is_some() {
+        // The wire's layer checked a wire question's options (2 to 255; two
+        // may read alike, as the reference asks them); an intent task's
+        // labels were checked at registration.
     } else if n < 2 || n > LETTERS.len() {
         return Err(invalid(
             &format!("{param}.options"),
             format!("a question needs 2 to 26 options (lettered A to Z); got {n}"),
         ));
     }
-    // An intent task's labels were checked at registration.
-    let options = if q.head.is_some() {
+    let options = if q.head.is_some() || q.wire.is_some() {
         &[][..]
     } else {
         &q.options[..]
@@ -385,6 +394,7 @@ mod tests {
             abstain_below: None,
             temperature: None,
             head: None,
+            wire: None,
         }
     }
 

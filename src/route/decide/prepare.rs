@@ -8,6 +8,7 @@ use super::{
     PACKED_SEPARATOR,
 };
 use crate::engine::{PackedPrompt, PadPolicy, QuestionTokens, StateHash};
+use crate::route::wire::WireAsk;
 use crate::route::{RouteError, TextRoute};
 
 impl TextRoute {
@@ -25,6 +26,32 @@ impl TextRoute {
                 Err(e) => Err(format!("cannot tokenize the letter `{l}`: {e}")),
             })
             .collect()
+    }
+
+    /// The token ids a question's answer is read from: its options' letters
+    /// (letter codes on the System One wire, ` yes` and ` no` for a yes/no
+    /// question in words); an intent question reads one letter (unused: the
+    /// head reads the hidden state).
+    fn read_ids(&self, q: &Question) -> Result<Vec<u32>, RouteError> {
+        Ok(match &q.wire {
+            Some(WireAsk::YesNoWords) => self
+                .yes_no_ids
+                .ok_or_else(|| {
+                    invalid(
+                        "questions",
+                        "this tokenizer does not write ` yes` and ` no` as one token each, so a \
+                         yes/no question cannot be asked in words",
+                    )
+                })?
+                .to_vec(),
+            Some(WireAsk::Letters) => self
+                .wire_codes(q.options.len())?
+                .iter()
+                .map(|(_, id)| *id)
+                .collect(),
+            None if q.head.is_some() => self.letter_ids[..1].to_vec(),
+            None => self.letter_ids[..q.options.len().min(LETTERS.len())].to_vec(),
+        })
     }
 
     /// The state hash of a prefix on this model, tokenizer and padding.
@@ -177,14 +204,7 @@ impl TextRoute {
                     param: "state",
                 });
             }
-            // An intent question reads one letter (unused): the head reads
-            // the hidden state.
-            let read = self.letter_ids[..q.options.len().min(if q.head.is_some() {
-                1
-            } else {
-                LETTERS.len()
-            })]
-                .to_vec();
+            let read = self.read_ids(q)?;
             tokens.push(QuestionTokens { suffix: ids, read });
         }
         Ok((prefix, tokens))

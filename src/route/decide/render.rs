@@ -1,11 +1,13 @@
 //! The prompts of a decision: a question's block (or a packed prompt's)
 //! after the state, through the chat template, split where the state ends
-//! so that the state's tokens are a prefix the cache can share.
+//! so that the state's tokens are a prefix the cache can share. A System
+//! One question is written in the wire's layout (`route::wire`).
 
 use serde_json::{Map, Value};
 
 use super::{invalid, Question, State, LETTERS};
 use crate::prompt::ChatTemplate;
+use crate::route::wire::{self, WireAsk};
 use crate::route::{RouteError, TextRoute};
 
 /// The line after the options that asks for the answer.
@@ -80,7 +82,36 @@ pub fn render(
     state: &State,
     q: &Question,
 ) -> Result<Rendered, RouteError> {
-    render_block(template, state, question_block(q))
+    render_block(template, state, question_block(q), Split::AfterState)
+}
+
+/// Renders a System One question on a state in the wire's layout
+/// ([`crate::route::wire`]): the question's own text after the state's
+/// blank line, `Answer:` after the generation prompt; the text splits where
+/// the question's own text begins. `codes` letter its options.
+pub fn render_wire(
+    template: &ChatTemplate,
+    state: &State,
+    q: &Question,
+    ask: &WireAsk,
+    codes: &[String],
+) -> Result<Rendered, RouteError> {
+    let block = wire::question_text(ask, q.text.trim(), &q.options, codes);
+    let mut r = render_block(template, state, block, Split::AfterBlankLine)?;
+    r.suffix.push_str(wire::ANSWER_PREFILL);
+    Ok(r)
+}
+
+/// Where a question's prompt splits into the state's prefix and its own
+/// suffix.
+#[derive(Clone, Copy)]
+enum Split {
+    /// Right after the state's last non-blank character (decisio's own
+    /// layout).
+    AfterState,
+    /// After the blank line that follows the state, where the question's
+    /// own text begins (the System One wire's, as the reference splits).
+    AfterBlankLine,
 }
 
 /// Renders all questions on a state as one packed prompt
@@ -90,7 +121,7 @@ pub fn render_packed(
     state: &State,
     questions: &[Question],
 ) -> Result<Rendered, RouteError> {
-    render_block(template, state, packed_block(questions))
+    render_block(template, state, packed_block(questions), Split::AfterState)
 }
 
 /// Renders a question block (one question's, or a packed prompt's) after a
@@ -99,12 +130,16 @@ fn render_block(
     template: &ChatTemplate,
     state: &State,
     block: String,
+    split: Split,
 ) -> Result<Rendered, RouteError> {
     let kwargs = decision_kwargs(template);
     let (messages, content, keep) = match state {
         State::Text(text) => {
             let content = format!("{text}\n\n{block}");
-            let keep = text.trim_end().len();
+            let keep = match split {
+                Split::AfterState => text.trim_end().len(),
+                Split::AfterBlankLine => text.len() + 2,
+            };
             (
                 vec![serde_json::json!({"role": "user", "content": content})],
                 content,
@@ -139,6 +174,46 @@ fn render_block(
 impl TextRoute {
     /// Renders a question on a state and splits it where the state ends.
     pub fn render_decision(&self, state: &State, q: &Question) -> Result<Rendered, RouteError> {
-        render(&self.template, state, q)
+        match &q.wire {
+            None => render(&self.template, state, q),
+            Some(ask) => {
+                let codes: Vec<String> = self
+                    .wire_codes(q.options.len())?
+                    .iter()
+                    .map(|(c, _)| c.clone())
+                    .collect();
+                render_wire(&self.template, state, q, ask, &codes)
+            }
+        }
+    }
+
+    /// The first `n` letter codes of the System One wire, with their token
+    /// ids; refused when the tokenizer has fewer.
+    pub fn wire_codes(&self, n: usize) -> Result<&[(String, u32)], RouteError> {
+        self.wire_codes.get(..n).ok_or_else(|| {
+            invalid(
+                "options",
+                format!(
+                    "{n} options, but this tokenizer writes only {} letter codes as one token \
+                     each; send at most that many options",
+                    self.wire_codes.len()
+                ),
+            )
+        })
+    }
+
+    /// A System One question's own text, as its prompt shows it after the
+    /// state (what `usage.input_tokens` counts of it).
+    pub fn wire_question_text(&self, q: &Question) -> Result<String, RouteError> {
+        let ask = q.wire.clone().unwrap_or(WireAsk::Letters);
+        let codes: Vec<String> = match ask {
+            WireAsk::Letters => self
+                .wire_codes(q.options.len())?
+                .iter()
+                .map(|(c, _)| c.clone())
+                .collect(),
+            WireAsk::YesNoWords => Vec::new(),
+        };
+        Ok(wire::question_text(&ask, q.text.trim(), &q.options, &codes))
     }
 }

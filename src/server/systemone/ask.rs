@@ -1,0 +1,384 @@
+//! A System One question as the route asks it, as the reference's served
+//! defaults ask it (`to_engine_question` and `noul_as_letters` of
+//! `decisio/serve/systemone.py`), and its answer in the wire's shape.
+
+use serde_json::{json, Map, Value};
+
+use super::request::{Criteria, Kind, WireQuestion};
+use crate::prompt::python::{json_dumps, py_str, JsonOptions};
+use crate::route::wire::{NoulRendering, WireAsk};
+use crate::route::Answer;
+
+/// Instructions used when a question sends none (or only whitespace): the
+/// prompt needs a question line (`DEFAULT_INSTRUCTIONS` of the reference).
+fn default_instructions(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Noul => "Is this true?",
+        Kind::Choice => "Which option applies?",
+        Kind::Score => "Which level applies?",
+    }
+}
+
+/// A JSON value as the prompt shows it (`render_text`): a string as it is,
+/// anything else as compact JSON with non-ASCII kept.
+pub fn render_text(v: &Value) -> String {
+    match v {
+        Value::Null => String::new(),
+        Value::String(s) => s.clone(),
+        other => {
+            // `json.dumps(x, ensure_ascii=False, separators=(",", ":"))`
+            let compact = JsonOptions {
+                ensure_ascii: false,
+                indent: None,
+                separators: Some((",".into(), ":".into())),
+                sort_keys: false,
+            };
+            json_dumps(&minijinja::Value::from_serialize(other), &compact)
+                .unwrap_or_else(|_| other.to_string())
+        }
+    }
+}
+
+/// A state as the prompt shows it (`fmt_state`): a string as it is, an
+/// object as `key: value` lines (keys starting with `_` are metadata, not
+/// shown; values as Python's `str()`), an array as Python's `str()`.
+pub fn state_text(state: &Value) -> String {
+    match state {
+        Value::String(s) => s.clone(),
+        Value::Object(map) => map
+            .iter()
+            .filter(|(k, _)| !k.starts_with('_'))
+            .map(|(k, v)| format!("{k}: {}", py_str(&minijinja::Value::from_serialize(v))))
+            .collect::<Vec<_>>()
+            .join("\n"),
+        other => py_str(&minijinja::Value::from_serialize(other)),
+    }
+}
+
+/// A wire question as the route asks it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Asked {
+    pub ask: WireAsk,
+    pub instructions: String,
+    /// The options as shown, in the order asked.
+    pub options: Vec<String>,
+    /// The answer's keys, in the order asked.
+    pub keys: Vec<String>,
+}
+
+fn described(d: &Option<Value>) -> Option<String> {
+    d.as_ref().map(render_text).filter(|t| !t.is_empty())
+}
+
+/// A key that is an index and nothing else (`option_3`, `7`).
+fn index_key(key: &str) -> Option<(String, u64)> {
+    let digits = key.len() - key.trim_end_matches(|c: char| c.is_ascii_digit()).len();
+    if digits == 0 {
+        return None;
+    }
+    let (stem, number) = key.split_at(key.len() - digits);
+    let word = stem.strip_suffix(['_', '-', ' ']).unwrap_or(stem);
+    let letters = word.chars().all(|c| c.is_ascii_alphabetic());
+    if !letters || (word.is_empty() && !stem.is_empty()) {
+        return None;
+    }
+    Some((stem.to_lowercase(), number.parse().ok()?))
+}
+
+/// Whether a choice's keys are a pure enumeration (one stem, numbers
+/// `0..n-1` or `1..n`) with every option described: the keys then carry no
+/// meaning, and only the descriptions are shown (`index_keys`).
+fn index_keys(options: &[(String, Option<Value>)]) -> bool {
+    if options.len() < 2 {
+        return false;
+    }
+    let Some(parsed) = options
+        .iter()
+        .map(|(k, _)| index_key(k))
+        .collect::<Option<Vec<_>>>()
+    else {
+        return false;
+    };
+    if parsed.iter().any(|(stem, _)| *stem != parsed[0].0) {
+        return false;
+    }
+    let mut numbers: Vec<u64> = parsed.iter().map(|(_, n)| *n).collect();
+    numbers.sort_unstable();
+    let n = numbers.len() as u64;
+    let from0 = numbers.iter().copied().eq(0..n);
+    let from1 = numbers.iter().copied().eq(1..=n);
+    (from0 || from1)
+        && options.iter().all(|(_, d)| {
+            d.as_ref()
+                .is_some_and(|d| !render_text(d).trim().is_empty())
+        })
+}
+
+/// Lowercase words joined by underscores, at least two (`card_arrival`).
+fn snake_label(label: &str) -> bool {
+    label.contains('_')
+        && label
+            .split('_')
+            .all(|w| !w.is_empty() && w.chars().all(|c| c.is_ascii_lowercase()))
+}
+
+fn desnake(label: &str) -> String {
+    if snake_label(label) {
+        label.replace('_', " ")
+    } else {
+        label.to_string()
+    }
+}
+
+/// Translates a wire question into how the route asks it, as the
+/// reference's served defaults do (`to_engine_question`, `noul_as_letters`).
+pub fn to_asked(q: &WireQuestion, noul: NoulRendering) -> Asked {
+    let instructions = q
+        .instructions
+        .as_ref()
+        .map(|v| render_text(v).trim().to_string())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| default_instructions(q.kind).to_string());
+    match &q.criteria {
+        Criteria::Noul { yes, no } => {
+            if noul != NoulRendering::Words {
+                let side = |d: &Option<Value>, word: &str| match d
+                    .as_ref()
+                    .map(|v| render_text(v).trim().to_string())
+                {
+                    Some(t) if !t.is_empty() => {
+                        if noul == NoulRendering::LettersKeys {
+                            format!("{word}: {t}")
+                        } else {
+                            t
+                        }
+                    }
+                    _ => word.to_string(),
+                };
+                let options = vec![side(no, "No"), side(yes, "Yes")];
+                if options[0] != options[1] {
+                    return Asked {
+                        ask: WireAsk::Letters,
+                        instructions,
+                        options,
+                        keys: vec!["no".into(), "yes".into()],
+                    };
+                }
+            }
+            let mut lines = vec![instructions];
+            if let Some(t) = yes {
+                lines.push(format!("Yes means: {}", render_text(t)));
+            }
+            if let Some(t) = no {
+                lines.push(format!("No means: {}", render_text(t)));
+            }
+            Asked {
+                ask: WireAsk::YesNoWords,
+                instructions: lines.join("\n"),
+                options: Vec::new(),
+                keys: vec!["yes".into(), "no".into()],
+            }
+        }
+        Criteria::Choice(options) => {
+            let keys: Vec<String> = options.iter().map(|(k, _)| k.clone()).collect();
+            let asked = |shown: Vec<String>| Asked {
+                ask: WireAsk::Letters,
+                instructions: instructions.clone(),
+                options: shown,
+                keys: keys.clone(),
+            };
+            let bare: Option<Vec<String>> = if index_keys(options) {
+                Some(
+                    options
+                        .iter()
+                        .map(|(_, d)| described(d).unwrap_or_default())
+                        .collect(),
+                )
+            } else if options.iter().all(|(_, d)| described(d).is_none()) {
+                Some(keys.clone())
+            } else {
+                None
+            };
+            if let Some(bare) = bare {
+                return asked(bare.iter().map(|l| desnake(l)).collect());
+            }
+            // Each option as its description, a key alone where there is
+            // none; unless two would then read alike.
+            let shown: Vec<String> = options
+                .iter()
+                .map(|(k, d)| described(d).unwrap_or_else(|| desnake(k)))
+                .collect();
+            let distinct: std::collections::HashSet<&String> = shown.iter().collect();
+            if distinct.len() == shown.len() {
+                return asked(shown);
+            }
+            asked(
+                options
+                    .iter()
+                    .map(|(k, d)| match described(d) {
+                        Some(t) => format!("{k}: {t}"),
+                        None => k.clone(),
+                    })
+                    .collect(),
+            )
+        }
+        Criteria::Score(levels) => Asked {
+            ask: WireAsk::Letters,
+            instructions,
+            options: levels.iter().map(render_text).collect(),
+            keys: (0..levels.len()).map(|i| i.to_string()).collect(),
+        },
+    }
+}
+
+/// TypeSafe's confidence of a choice: `(max p − 1/n) / (1 − 1/n)`.
+pub fn choice_confidence(p: &[f64]) -> f64 {
+    let n = p.len() as f64;
+    if p.len() <= 1 {
+        return 1.0;
+    }
+    let top = p.iter().copied().fold(f64::MIN, f64::max);
+    ((top - 1.0 / n) / (1.0 - 1.0 / n)).clamp(0.0, 1.0)
+}
+
+/// TypeSafe's confidence of a score: one less the mean distance from the
+/// mode (the chosen level), over that of a uniform distribution, floored
+/// at 0.
+pub fn score_confidence(p: &[f64], mode: usize) -> f64 {
+    let n = p.len();
+    if n <= 1 {
+        return 1.0;
+    }
+    let spread: f64 = p
+        .iter()
+        .enumerate()
+        .map(|(i, pi)| pi * (i as f64 - mode as f64).abs())
+        .sum();
+    let centre = (n as f64 - 1.0) / 2.0;
+    let uniform: f64 = (0..n).map(|i| (i as f64 - centre).abs()).sum::<f64>() / n as f64;
+    (1.0 - spread / uniform).clamp(0.0, 1.0)
+}
+
+/// A level as the legend echoes it: text and structure as sent, any other
+/// scalar as its text (the SDKs read strings, objects and arrays).
+fn legend_value(level: &Value) -> Value {
+    match level {
+        Value::String(_) | Value::Object(_) | Value::Array(_) => level.clone(),
+        other => Value::String(render_text(other)),
+    }
+}
+
+/// The wire answer of one question from the route's answer (its
+/// probabilities over the asked options, in the order asked).
+pub fn wire_answer(q: &WireQuestion, asked: &Asked, answer: &Answer) -> Map<String, Value> {
+    let p = &answer.exact;
+    let mut out = Map::new();
+    out.insert("type".into(), json!(q.kind.as_str()));
+    match &q.criteria {
+        Criteria::Noul { .. } => {
+            let yes = asked.keys.iter().position(|k| k == "yes").unwrap_or(0);
+            out.insert("noul".into(), json!(p[yes]));
+        }
+        Criteria::Choice(_) => {
+            out.insert("choice".into(), json!(asked.keys[answer.top]));
+            out.insert("confidence".into(), json!(choice_confidence(p)));
+            let probs: Map<String, Value> = asked
+                .keys
+                .iter()
+                .zip(p)
+                .map(|(k, v)| (k.clone(), json!(v)))
+                .collect();
+            out.insert("probabilities".into(), Value::Object(probs));
+        }
+        Criteria::Score(levels) => {
+            let score: f64 = p.iter().enumerate().map(|(i, pi)| i as f64 * pi).sum();
+            out.insert("score".into(), json!(score));
+            out.insert("confidence".into(), json!(score_confidence(p, answer.top)));
+            let legend: Map<String, Value> = levels
+                .iter()
+                .enumerate()
+                .map(|(i, l)| (i.to_string(), legend_value(l)))
+                .collect();
+            out.insert("legend".into(), Value::Object(legend));
+            let probs: Map<String, Value> = p
+                .iter()
+                .enumerate()
+                .map(|(i, v)| (i.to_string(), json!(v)))
+                .collect();
+            out.insert("probabilities".into(), Value::Object(probs));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::server::systemone::request::parse_question;
+
+    fn question(v: Value) -> WireQuestion {
+        parse_question("q", v).unwrap()
+    }
+
+    #[test]
+    fn choices_are_shown_as_the_reference_shows_them() {
+        let q = question(
+            json!({"type": "choice", "criteria": {"option_0": "card arrival", "option_1": "lost_card"}}),
+        );
+        let a = to_asked(&q, NoulRendering::LettersKeys);
+        assert_eq!(a.instructions, "Which option applies?");
+        assert_eq!(a.options, vec!["card arrival", "lost card"]);
+        assert_eq!(a.keys, vec!["option_0", "option_1"]);
+        let q = question(
+            json!({"type": "choice", "instructions": "Team?", "criteria": {"Billing": "money", "Sales": null}}),
+        );
+        assert_eq!(
+            to_asked(&q, NoulRendering::LettersKeys).options,
+            vec!["money", "Sales"]
+        );
+        let q = question(json!({"type": "choice", "criteria": {"a": "same", "b": "same"}}));
+        assert_eq!(
+            to_asked(&q, NoulRendering::LettersKeys).options,
+            vec!["a: same", "b: same"]
+        );
+        let q = question(json!({"type": "choice", "criteria": {"sku_12": "x", "sku_13": "y"}}));
+        assert_eq!(
+            to_asked(&q, NoulRendering::LettersKeys).options,
+            vec!["x", "y"]
+        );
+    }
+
+    #[test]
+    fn yes_no_is_a_named_two_option_choice_or_words() {
+        let q = question(
+            json!({"type": "noul", "instructions": "Refund?", "criteria": {"true": "wants money"}}),
+        );
+        let a = to_asked(&q, NoulRendering::LettersKeys);
+        assert_eq!(a.options, vec!["No", "Yes: wants money"]);
+        assert_eq!(a.keys, vec!["no", "yes"]);
+        let same = question(json!({"type": "noul", "criteria": {"true": "x", "false": "x"}}));
+        let a = to_asked(&same, NoulRendering::Letters);
+        assert_eq!(a.ask, WireAsk::YesNoWords);
+        assert_eq!(a.instructions, "Is this true?\nYes means: x\nNo means: x");
+    }
+
+    #[test]
+    fn states_and_structured_text_render_as_python_does() {
+        assert_eq!(render_text(&json!({"a": [1, "é"]})), r#"{"a":[1,"é"]}"#);
+        assert_eq!(
+            state_text(&json!({"subject": "x", "_id": 3, "customer": {"plan": "pro", "n": 3}})),
+            "subject: x\ncustomer: {'plan': 'pro', 'n': 3}"
+        );
+        assert_eq!(state_text(&json!(["a", "b"])), "['a', 'b']");
+    }
+
+    #[test]
+    fn confidences_follow_typesafe() {
+        assert!((choice_confidence(&[0.5, 0.25, 0.25]) - 0.25).abs() < 1e-12);
+        assert_eq!(score_confidence(&[1.0, 0.0, 0.0], 0), 1.0);
+        // A uniform distribution has no confidence.
+        assert!(score_confidence(&[1.0 / 3.0; 3], 0).abs() < 1e-12);
+        // Half on each end of five levels: as spread as uniform or more.
+        assert_eq!(score_confidence(&[0.5, 0.0, 0.0, 0.0, 0.5], 0), 0.0);
+    }
+}

@@ -1,0 +1,155 @@
+//! `POST /v1/systemone`: TypeSafe's System One wire, as the reference
+//! decisio 0.35.0 answers it (`decisio/serve/systemone.py`).
+//!
+//! A request is a state and a map of typed questions (`noul`, `choice` with
+//! 2 to 255 named options, `score` with 2 to 10 levels). Each question is
+//! translated onto the text route as the reference asks it
+//! ([`to_asked`]: default instructions, index keys hidden, snake_case labels
+//! shown with spaces, yes/no as a two-option letter choice with its sides
+//! named) and answered there, one continuation of the state each, so an
+//! answer is the same bits whatever else the request asks. Answers are keyed
+//! by the question ids and the option keys exactly as sent.
+//!
+//! The files: `request` (the wire's request, validated, every fault
+//! named), `ask` (a question as the route asks it, and its answer),
+//! `error` (errors in System One's shape); this file holds the handler and
+//! the model list.
+//!
+//! Errors on this route are in System One's shape: 422
+//! `{"detail": [{"loc", "msg", "type"}]}` for a body that does not validate,
+//! `{"detail": {"error_type", "message"}}` for everything else. Fields
+//! beyond the wire's are `x_`-prefixed.
+
+mod ask;
+mod error;
+mod request;
+
+use actix_web::{web, HttpRequest, HttpResponse};
+use serde::Serialize;
+use serde_json::{json, Map, Value};
+
+pub use self::ask::{
+    choice_confidence, render_text, score_confidence, state_text, to_asked, wire_answer, Asked,
+};
+pub use self::error::{wire_shaped, Detail, WireError};
+pub use self::request::{parse_request, Criteria, Kind, WireQuestion, WireRequest};
+use super::error::ApiError;
+use super::AppState;
+use crate::prompt::python::CivilTime;
+use crate::route::wire::MAX_LABELS;
+use crate::route::{Question, State};
+
+/// The model alias every System One client may send (the SDKs' default).
+pub const MODEL_ALIAS: &str = "jev-latest";
+
+/// Levels a score question takes.
+pub const SCORE_LEVELS: (usize, usize) = (2, 10);
+
+/// Options a choice question takes.
+pub const CHOICE_OPTIONS: (usize, usize) = (2, MAX_LABELS);
+
+/// Whether `model` names what this server serves.
+fn serves(state: &AppState, model: &Option<String>) -> bool {
+    match model {
+        None => true,
+        Some(m) => m == &state.model_name || m == MODEL_ALIAS,
+    }
+}
+
+/// `POST /v1/systemone`.
+pub async fn systemone(
+    req: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, WireError> {
+    let body = super::body::read_bytes(&req, payload, state.limits.max_body_bytes).await?;
+    let request = parse_request(&body).map_err(WireError::Invalid)?;
+    if !serves(&state, &request.model) {
+        return Err(ApiError::ModelNotFound(request.model.unwrap_or_default()).into());
+    }
+    let settings = state.route.wire;
+    let asked: Vec<Asked> = request
+        .questions
+        .iter()
+        .map(|(_, q)| to_asked(q, settings.noul))
+        .collect();
+    let questions: Vec<Question> = request
+        .questions
+        .iter()
+        .zip(&asked)
+        .map(|((id, q), a)| Question {
+            id: Some(id.clone()),
+            text: a.instructions.clone(),
+            options: a.options.clone(),
+            abstain_below: None,
+            temperature: Some(settings.temperature_of(q.kind == Kind::Choice)),
+            head: None,
+            wire: Some(a.ask.clone()),
+        })
+        .collect();
+    let state_text = state_text(&request.state);
+    let mut input_tokens = state.route.count_tokens(&state_text)?;
+    for q in &questions {
+        input_tokens += state
+            .route
+            .count_tokens(&state.route.wire_question_text(q)?)?;
+    }
+    let started = std::time::Instant::now();
+    let decision = state
+        .route
+        .decide(State::Text(state_text), questions, None)
+        .await?;
+    let per_question = started.elapsed().as_secs_f64() / request.questions.len() as f64;
+    let mut answers = Map::new();
+    for (((id, q), a), answer) in request.questions.iter().zip(&asked).zip(&decision.answers) {
+        let mut out = wire_answer(q, a, answer);
+        let kind = q.kind.as_str();
+        state
+            .metrics
+            .wire_questions
+            .with_label_values(&[kind])
+            .inc();
+        state
+            .metrics
+            .wire_question_seconds
+            .with_label_values(&[kind])
+            .observe(per_question);
+        out.insert("x_temperature".into(), json!(answer.temperature));
+        answers.insert(id.clone(), Value::Object(out));
+    }
+    let body = json!({
+        "model": request.model.as_deref().unwrap_or(&state.model_name),
+        "answers": answers,
+        "usage": {"input_tokens": input_tokens, "output_tokens": request.questions.len()},
+        "x_state": {
+            "hash": decision.state.hash.hex(),
+            "tokens": decision.state.tokens,
+            "cached": decision.state.cached,
+        },
+    });
+    Ok(HttpResponse::Ok().json(body))
+}
+
+/// One entry of System One's model list.
+#[derive(Clone, Debug, Serialize)]
+pub struct ModelMetadata {
+    pub name: String,
+    pub description: &'static str,
+    /// `YYYY-MM-DD`: the day this server started serving the model.
+    pub release_date: String,
+}
+
+/// `GET /v1/models`'s System One part: every name a request's `model` may
+/// give (the served name and [`MODEL_ALIAS`]).
+pub fn model_metadata(model_name: &str, created: u64) -> Vec<ModelMetadata> {
+    let day = CivilTime::from_unix(created as i64, 0);
+    let date = format!("{:04}-{:02}-{:02}", day.year, day.month, day.day);
+    [model_name, MODEL_ALIAS]
+        .iter()
+        .map(|name| ModelMetadata {
+            name: name.to_string(),
+            description: "calibrated answers read from the served model's next-token logits",
+            release_date: date.clone(),
+        })
+        .collect()
+}
