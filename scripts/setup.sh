@@ -34,12 +34,15 @@ bash "$ROOT/scripts/fetch-assets.sh"
 
 VENV=$DECISIO_CACHE/venv
 STAMP=$VENV/.requirements
-if ! cmp -s "$ROOT/scripts/requirements.txt" "$STAMP" 2>/dev/null; then
+WANTED=$(cat "$ROOT/scripts/requirements.txt" "$ROOT/scripts/requirements-nodeps.txt")
+if [ "$WANTED" != "$(cat "$STAMP" 2>/dev/null)" ]; then
   say "creating the Python venv $VENV"
   python3 -m venv "$VENV"
   "$VENV/bin/pip" install -q --upgrade pip
   "$VENV/bin/pip" install -q -r "$ROOT/scripts/requirements.txt"
-  cp "$ROOT/scripts/requirements.txt" "$STAMP"
+  "$VENV/bin/pip" install -q --no-deps --ignore-requires-python \
+    -r "$ROOT/scripts/requirements-nodeps.txt"
+  printf '%s' "$WANTED" > "$STAMP"
 fi
 
 say "building decisio (release)"

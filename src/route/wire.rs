@@ -66,6 +66,41 @@ pub fn letter_codes(tokenizer: &TextTokenizer) -> Vec<(String, u32)> {
     out
 }
 
+/// A wire question's prompt as token ids, split where the question's own
+/// tokens begin, as the reference splits it (`LettersEngine._rows` and
+/// `state_prefix`): the whole prompt is tokenized once, and its prefix is
+/// what remains when the question's own tokens (the suffix tokenized alone)
+/// are taken off its end. Tokenizing the prefix alone would differ where a
+/// pre-tokenizer reads the blank line after the state differently at the
+/// end of a text. Where the whole prompt does not end with the suffix's
+/// tokens, the prefix is what two prompts differing only in the question's
+/// first letter share; a question whose first character merges into it is
+/// refused.
+pub fn split_ids(
+    tokenizer: &TextTokenizer,
+    prefix: &str,
+    suffix: &str,
+) -> Result<(Vec<u32>, Vec<u32>), String> {
+    let encode = |text: &str| tokenizer.encode(text, false).map_err(|e| e.to_string());
+    let full = encode(&format!("{prefix}{suffix}"))?;
+    let own = encode(suffix)?;
+    if full.len() > own.len() && full.ends_with(&own) {
+        let n = full.len() - own.len();
+        return Ok((full[..n].to_vec(), own));
+    }
+    let a = encode(&format!("{prefix}A"))?;
+    let b = encode(&format!("{prefix}B"))?;
+    let n = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
+    if full.get(..n) != a.get(..n) {
+        return Err(
+            "the question's text merges with the state's last token; questions must \
+                    not start with whitespace"
+                .into(),
+        );
+    }
+    Ok((full[..n].to_vec(), full[n..].to_vec()))
+}
+
 /// The question's own text: what follows the state's blank line in the user
 /// turn (`question_body` of the reference's spaced layout).
 pub fn question_text(

@@ -18,8 +18,8 @@ use serde_json::Value;
 
 pub use self::answer::{calibrate, calibrated_logprobs, intent_answer};
 pub use self::render::{
-    packed_block, packed_marker, question_block, render, render_packed, Rendered, ANSWER_CUE,
-    PACKED_CUE, PACKED_SEPARATOR,
+    packed_block, packed_marker, question_block, render, render_packed, render_wire, Rendered,
+    ANSWER_CUE, PACKED_CUE, PACKED_SEPARATOR,
 };
 
 use super::{RouteError, TextRoute};

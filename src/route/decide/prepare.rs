@@ -8,7 +8,7 @@ use super::{
     PACKED_SEPARATOR,
 };
 use crate::engine::{PackedPrompt, PadPolicy, QuestionTokens, StateHash};
-use crate::route::wire::WireAsk;
+use crate::route::wire::{self, WireAsk};
 use crate::route::{RouteError, TextRoute};
 
 impl TextRoute {
@@ -67,7 +67,13 @@ impl TextRoute {
     /// The token ids of a state's prefix text, padded as the backend's
     /// padding policy says.
     fn prefix_ids(&self, prefix_text: &str) -> Result<Vec<u32>, RouteError> {
-        let mut prefix = self.tokenize(prefix_text, false)?;
+        let prefix = self.tokenize(prefix_text, false)?;
+        self.padded(prefix)
+    }
+
+    /// A prefix's token ids padded to the backend's block, as its padding
+    /// policy says.
+    fn padded(&self, mut prefix: Vec<u32>) -> Result<Vec<u32>, RouteError> {
         if let PadPolicy::Block(block) = self.engine().capabilities().padding {
             let short = (block - prefix.len() % block) % block;
             let filler = self.pad_id.ok_or_else(|| {
@@ -189,11 +195,25 @@ impl TextRoute {
             }
             suffixes.push(r.suffix);
         }
-        let prefix = self.prefix_ids(&prefix_text.unwrap_or_default())?;
+        let prefix_text = prefix_text.unwrap_or_default();
+        // A System One request's prefix is split as the reference splits it
+        // (`wire::split_ids`), from its first question; decisio's own
+        // layout tokenizes the state's text alone.
+        let (prefix, first) = match questions.first() {
+            Some(q) if q.wire.is_some() => {
+                let (prefix, own) = wire::split_ids(&self.tokenizer, &prefix_text, &suffixes[0])
+                    .map_err(|m| invalid("questions", m))?;
+                (self.padded(prefix)?, Some(own))
+            }
+            _ => (self.prefix_ids(&prefix_text)?, None),
+        };
         let mut tokens = Vec::with_capacity(questions.len());
         let context = self.context_length();
-        for (q, suffix) in questions.iter().zip(&suffixes) {
-            let ids = self.tokenize(suffix, false)?;
+        for (i, (q, suffix)) in questions.iter().zip(&suffixes).enumerate() {
+            let ids = match (i, &first) {
+                (0, Some(own)) => own.clone(),
+                _ => self.tokenize(suffix, false)?,
+            };
             if prefix.len() + ids.len() >= context {
                 return Err(RouteError::ContextLength {
                     message: format!(

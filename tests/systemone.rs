@@ -1,0 +1,346 @@
+//! `POST /v1/systemone` (TypeSafe's System One wire): answered by a real
+//! server on the fixture, refused in the wire's own shapes, and its prompts
+//! checked token for token against the reference decisio 0.35.0's own
+//! builders (`scripts/reference/systemone_prompts.py`, `make reference`).
+
+mod common;
+
+use common::{asset, model_dir, reference_file, Response, Server};
+use decisio::prompt::{ChatTemplate, TextTokenizer};
+use decisio::route::decide::{render_wire, Question, State};
+use decisio::route::wire::{
+    letter_codes, question_text, split_ids, WireAsk, WireSettings, YES_NO_LABELS,
+};
+use decisio::server::systemone::{parse_request, state_text, to_asked};
+use serde_json::{json, Value};
+
+const TICKET: &str = "I was charged twice for March and I want my money back now, or I \
+                      will dispute the charge with my bank.";
+
+fn questions() -> Value {
+    json!({
+        "refund": {"type": "noul", "instructions": "Does the customer want a refund?",
+                   "criteria": {"true": "They ask for money back"}},
+        "team": {"type": "choice", "instructions": "Which team should handle this ticket?",
+                 "criteria": {"Billing": "Payments and refunds", "Technical": null, "Sales": null}},
+        "anger": {"type": "score", "instructions": "How frustrated is the customer?",
+                  "criteria": ["Calm", "Frustrated", "Very angry"]},
+    })
+}
+
+fn ask(s: &Server, body: &Value) -> Value {
+    let r = s.post_json("/v1/systemone", body);
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.json()
+}
+
+/// The wire's error body: `{"detail": {"error_type", "message"}}`.
+fn wire_error(r: &Response, status: u16) -> String {
+    assert_eq!(r.status, status, "{}", r.text());
+    let body = r.json();
+    let d = &body["detail"];
+    assert!(
+        d["message"].as_str().is_some_and(|m| !m.is_empty()),
+        "{body}"
+    );
+    d["error_type"].as_str().expect("error_type").to_string()
+}
+
+/// A 422's `detail` list, each entry with `loc`, `msg` and `type`.
+fn invalid(s: &Server, body: &[u8]) -> Vec<Value> {
+    let r = s.request("POST", "/v1/systemone", &[], Some(body)).unwrap();
+    assert_eq!(r.status, 422, "{}", r.text());
+    let detail = r.json()["detail"].as_array().expect("detail[]").clone();
+    for d in &detail {
+        assert!(
+            d["loc"].is_array() && d["msg"].is_string() && d["type"].is_string(),
+            "{d}"
+        );
+    }
+    detail
+}
+
+fn probabilities(answer: &Value) -> Vec<(String, f64)> {
+    answer["probabilities"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| (k.clone(), v.as_f64().unwrap()))
+        .collect()
+}
+
+#[test]
+fn the_wire_is_answered_whatever_else_a_request_asks() {
+    let s = Server::start(&[]);
+    let all = ask(
+        &s,
+        &json!({"model": "jev-latest", "state": TICKET, "questions": questions(),
+                              "x_trace": "ignored"}),
+    );
+    assert_eq!(all["model"], "jev-latest");
+    assert_eq!(all["usage"]["output_tokens"], 3);
+    assert!(all["usage"]["input_tokens"].as_u64().unwrap() > 30);
+    let answers = all["answers"].as_object().unwrap();
+    assert_eq!(
+        answers.keys().collect::<Vec<_>>(),
+        ["refund", "team", "anger"]
+    );
+
+    let noul = answers["refund"]["noul"].as_f64().unwrap();
+    assert!((0.0..=1.0).contains(&noul));
+
+    let team = &answers["team"];
+    let p = probabilities(team);
+    assert_eq!(
+        p.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(),
+        ["Billing", "Technical", "Sales"]
+    );
+    assert!((p.iter().map(|(_, v)| v).sum::<f64>() - 1.0).abs() < 1e-12);
+    let top = p
+        .iter()
+        .cloned()
+        .fold(("".to_string(), -1.0), |a, b| if b.1 > a.1 { b } else { a });
+    assert_eq!(team["choice"], top.0.as_str());
+    let confidence = (top.1 - 1.0 / 3.0) / (1.0 - 1.0 / 3.0);
+    assert!((team["confidence"].as_f64().unwrap() - confidence).abs() < 1e-12);
+
+    let anger = &answers["anger"];
+    let p = probabilities(anger);
+    assert_eq!(
+        p.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(),
+        ["0", "1", "2"]
+    );
+    let expectation: f64 = p.iter().enumerate().map(|(i, (_, v))| i as f64 * v).sum();
+    assert!((anger["score"].as_f64().unwrap() - expectation).abs() < 1e-12);
+    assert_eq!(
+        anger["legend"],
+        json!({"0": "Calm", "1": "Frustrated", "2": "Very angry"})
+    );
+    let c = anger["confidence"].as_f64().unwrap();
+    assert!((0.0..=1.0).contains(&c), "{c}");
+
+    // Each question alone, renamed, and in another order: the same bits.
+    let qs = questions();
+    for id in ["refund", "team", "anger"] {
+        let alone = ask(
+            &s,
+            &json!({"state": TICKET, "questions": {format!("renamed {id} 🎯"): qs[id]}}),
+        );
+        let got = alone["answers"]
+            .as_object()
+            .unwrap()
+            .values()
+            .next()
+            .unwrap()
+            .clone();
+        assert_eq!(got, answers[id], "{id} asked alone");
+    }
+    let reordered = ask(
+        &s,
+        &json!({"state": TICKET, "questions":
+        {"c": qs["anger"], "a": qs["team"], "b": qs["refund"]}}),
+    );
+    assert_eq!(reordered["answers"]["c"], answers["anger"]);
+    assert_eq!(reordered["answers"]["a"], answers["team"]);
+    assert_eq!(reordered["answers"]["b"], answers["refund"]);
+    assert_eq!(reordered["x_state"]["cached"], true);
+
+    // 255 options, lettered past Z; object and array states.
+    let many: serde_json::Map<String, Value> = (0..255)
+        .map(|i| {
+            (
+                format!("Queue {i:03}"),
+                json!(format!("Tickets routed to queue {i}")),
+            )
+        })
+        .collect();
+    let wide = ask(
+        &s,
+        &json!({"state": {"subject": "Charged twice", "body": TICKET, "_id": 7},
+                               "questions": {"queue": {"type": "choice", "criteria": many}}}),
+    );
+    assert_eq!(probabilities(&wide["answers"]["queue"]).len(), 255);
+    let listed = ask(
+        &s,
+        &json!({"state": ["Charged twice.", "Refund promised."], "questions":
+        {"q": {"type": "noul", "instructions": {"task": "refund?", "include": ["chargebacks"]}}}}),
+    );
+    assert!(listed["answers"]["q"]["noul"].is_number());
+
+    // Both SDKs' model lists in one answer.
+    let models = s.request("GET", "/v1/models", &[], None).unwrap().json();
+    assert_eq!(models["object"], "list");
+    let names: Vec<&str> = models["models"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["name"].as_str().unwrap())
+        .collect();
+    assert!(names.contains(&"jev-latest"), "{models}");
+    for m in models["models"].as_array().unwrap() {
+        let date = m["release_date"].as_str().unwrap();
+        assert!(date.len() == 10 && date.as_bytes()[4] == b'-', "{date}");
+    }
+}
+
+#[test]
+fn bad_requests_are_refused_in_the_wires_shape() {
+    let s = Server::start(&[]);
+    let d = invalid(
+        &s,
+        br#"{"model": "jev-latest", "state": "x", "questions": {"#,
+    );
+    assert_eq!(d[0]["type"], "json_invalid");
+    let d = invalid(&s, br#"{"questions": {}}"#);
+    assert_eq!(
+        (d[0]["loc"].clone(), d[0]["type"].clone()),
+        (json!(["body", "state"]), json!("missing"))
+    );
+    assert_eq!(d[1]["type"], "too_short");
+    let q = |q: Value| {
+        json!({"state": "x", "questions": {"q": q}})
+            .to_string()
+            .into_bytes()
+    };
+    let d = invalid(&s, &q(json!({"type": "boolean"})));
+    assert_eq!(d[0]["type"], "union_tag_invalid");
+    let d = invalid(
+        &s,
+        &q(json!({"type": "score", "criteria": {"0": "calm", "1": "angry"}})),
+    );
+    assert_eq!(d[0]["type"], "list_type");
+    assert_eq!(
+        d[0]["loc"],
+        json!(["body", "questions", "q", "score", "criteria"])
+    );
+    for bad in [
+        json!({"type": "choice", "criteria": {"only": null}}),
+        json!({"type": "choice", "criteria": {}}),
+        json!({"type": "score", "criteria": ["calm"]}),
+        json!({"type": "score", "criteria": (0..11).collect::<Vec<_>>()}),
+        json!({"type": "score", "criteria": ["calm", null]}),
+        json!({"type": "noul", "criteria": "yes"}),
+    ] {
+        invalid(&s, &q(bad));
+    }
+    let too_many: serde_json::Map<String, Value> =
+        (0..256).map(|i| (format!("o{i}"), Value::Null)).collect();
+    invalid(&s, &q(json!({"type": "choice", "criteria": too_many})));
+    invalid(
+        &s,
+        br#"{"state": null, "questions": {"q": {"type": "noul"}}}"#,
+    );
+
+    let r = s.post_json(
+        "/v1/systemone",
+        &json!({"model": "no-such-model", "state": "x",
+                                                   "questions": {"q": {"type": "noul"}}}),
+    );
+    assert_eq!(wire_error(&r, 404), "not_found_error");
+    let r = s.request("GET", "/v1/systemone", &[], None).unwrap();
+    assert_eq!(r.status, 405);
+}
+
+#[test]
+fn an_api_key_is_asked_for_in_the_wires_shape() {
+    let s = Server::start(&["--api-key", "sekret"]);
+    let body = json!({"state": TICKET, "questions": {"q": {"type": "noul"}}}).to_string();
+    let r = s
+        .request("POST", "/v1/systemone", &[], Some(body.as_bytes()))
+        .unwrap();
+    assert_eq!(wire_error(&r, 401), "authentication_error");
+    assert_eq!(r.header("www-authenticate"), Some("Bearer"));
+    let wrong = [("Authorization", "Bearer nope")];
+    let r = s
+        .request("POST", "/v1/systemone", &wrong, Some(body.as_bytes()))
+        .unwrap();
+    assert_eq!(wire_error(&r, 401), "authentication_error");
+    let right = [("Authorization", "Bearer sekret")];
+    let r = s
+        .request("POST", "/v1/systemone", &right, Some(body.as_bytes()))
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+}
+
+#[test]
+fn prompts_are_the_reference_decisios_token_for_token() {
+    for (name, dir) in [
+        ("fixture", model_dir()),
+        ("qwen3", asset("qwen3")),
+        ("gemma3", asset("gemma3")),
+    ] {
+        let tokenizer = TextTokenizer::from_file(dir.join("tokenizer.json")).unwrap();
+        let template =
+            ChatTemplate::from_tokenizer_config(dir.join("tokenizer_config.json")).unwrap();
+        let encode = |text: &str| tokenizer.encode(text, false).unwrap();
+        let codes = letter_codes(&tokenizer);
+        assert_eq!(codes.len(), 255, "{name}: letter codes");
+        let file = reference_file(&format!("systemone/{name}.json"));
+        let entries: Vec<Value> =
+            serde_json::from_str(&std::fs::read_to_string(file).unwrap()).unwrap();
+        let mut asked_of = std::collections::BTreeMap::<String, usize>::new();
+        for entry in &entries {
+            let request = parse_request(entry["request"].to_string().as_bytes()).unwrap();
+            let text = state_text(&request.state);
+            let state = State::Text(text.clone());
+            let mut counted = encode(&text).len();
+            for (id, q) in &request.questions {
+                let want = &entry["questions"][id];
+                let asked = to_asked(q, WireSettings::SERVED.noul);
+                assert_eq!(json!(asked.keys), want["keys"], "{name} {id}");
+                let n = asked.options.len();
+                let names: Vec<String> =
+                    codes[..n.min(255)].iter().map(|(c, _)| c.clone()).collect();
+                let question = Question {
+                    id: Some(id.clone()),
+                    text: asked.instructions.clone(),
+                    options: asked.options.clone(),
+                    abstain_below: None,
+                    temperature: None,
+                    head: None,
+                    wire: Some(asked.ask.clone()),
+                };
+                let r = render_wire(&template, &state, &question, &asked.ask, &names).unwrap();
+                let (mut ids, own) = split_ids(&tokenizer, &r.prefix, &r.suffix).unwrap();
+                assert_eq!(
+                    json!(ids.len()),
+                    want["prefix"],
+                    "{name} {id}: the state's prefix"
+                );
+                ids.extend(own);
+                assert_eq!(
+                    json!(ids),
+                    want["ids"],
+                    "{name} {id}: prompt ids\n{}{}",
+                    r.prefix,
+                    r.suffix
+                );
+                let labels: Vec<u32> = match asked.ask {
+                    WireAsk::Letters => codes[..n].iter().map(|(_, t)| *t).collect(),
+                    WireAsk::YesNoWords => YES_NO_LABELS.iter().map(|l| encode(l)[0]).collect(),
+                };
+                assert_eq!(json!(labels), want["labels"], "{name} {id}: label ids");
+                counted += encode(&question_text(
+                    &asked.ask,
+                    &asked.instructions,
+                    &asked.options,
+                    &names,
+                ))
+                .len();
+                *asked_of.entry(q.kind.as_str().to_string()).or_default() += 1;
+            }
+            assert_eq!(
+                json!(counted),
+                entry["input_tokens"],
+                "{name}: usage.input_tokens"
+            );
+        }
+        for kind in ["noul", "choice", "score"] {
+            assert!(
+                asked_of[kind] >= 200,
+                "{name}: only {} {kind} questions",
+                asked_of[kind]
+            );
+        }
+    }
+}
