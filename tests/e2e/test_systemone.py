@@ -1,0 +1,137 @@
+"""POST /v1/systemone through System One's own clients: TypeSafe's official
+Python SDK (`typesafe-sdk`, sync and async, zstd-compressed bodies) and
+jevcompat, the wire's conformance suite, against a real server on the
+fixture (docs/design/systemone.md)."""
+
+import asyncio
+import gzip
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import urllib.request
+from pathlib import Path
+
+import pytest
+from typesafe_sdk import AsyncTypeSafeClient, Choice, Noul, RetryPolicy, Score, TypeSafeClient
+
+from conftest import API_KEY, MODEL, start_server, stop_server
+
+TICKET = ("I was charged twice for March. Support promised a refund last week and nothing came. "
+          "If it is not fixed today I will dispute both charges with my bank.")
+
+
+def questions(options=3):
+    crit = {"Billing": "Payments, invoices, refunds", "Technical": None, "Sales": None}
+    if options == 255:
+        crit = {"Billing": "Payments, invoices, refunds",
+                **{f"Queue {i:03d}": f"Tickets routed to queue {i}" for i in range(1, 255)}}
+    elif options == 2:
+        crit = {"Billing": "Payments", "Technical": "Bugs and outages"}
+    return {
+        "refund": Noul(instructions="Does the customer want money back?",
+                       criteria={"true": "They ask for a refund or a chargeback"}),
+        "team": Choice(instructions="Which team should handle this ticket?", criteria=crit),
+        "anger": Score(instructions="How frustrated is the customer?",
+                       criteria=["Calm", "Frustrated", "Very angry"]),
+    }
+
+
+def check(result, options):
+    assert 0 <= result.nouls["refund"].noul <= 1
+    team = result.choices["team"]
+    assert len(team.probabilities) == options
+    assert team.choice == max(team.probabilities, key=team.probabilities.get)
+    assert abs(sum(team.probabilities.values()) - 1) < 1e-9
+    anger = result.scores["anger"]
+    assert anger.legend == {0: "Calm", 1: "Frustrated", 2: "Very angry"}
+    assert abs(anger.score - sum(i * p for i, p in anger.probabilities.items())) < 1e-9
+    assert 0 <= anger.confidence <= 1 and 0 <= team.confidence <= 1
+    assert result.usage.input_tokens > 0 and result.usage.output_tokens == 3
+
+
+def sync_client(server, **kw):
+    return TypeSafeClient(api_key=API_KEY, base_url=server, retry=RetryPolicy(max_retries=0),
+                          timeout=600, **kw)
+
+
+@pytest.mark.parametrize("options", [2, 3, 255])
+def test_the_official_sdk_asks_and_parses_every_type(server, options):
+    with sync_client(server) as client:
+        result = client.system_one(state=TICKET, questions=questions(options))
+        check(result, options)
+        assert any(m.name == "jev-latest" for m in client.models.list().models)
+
+
+def test_structured_states_and_the_async_client(server):
+    async def run():
+        async with AsyncTypeSafeClient(api_key=API_KEY, base_url=server, timeout=600,
+                                       retry=RetryPolicy(max_retries=0)) as client:
+            as_object = await client.system_one(
+                state={"subject": "Charged twice", "body": TICKET, "customer": {"plan": "pro"}},
+                questions=questions())
+            as_array = await client.system_one(
+                state=["Charged twice for March.", "Refund promised, never came.", "Will dispute."],
+                questions=questions())
+            return as_object, as_array
+
+    for result in asyncio.run(run()):
+        check(result, 3)
+
+
+def test_compressed_bodies_are_read_and_answer_the_same(server):
+    """The SDK compresses bodies of 1 KiB and more with zstd; gzip is read
+    too; both answer exactly as the plain body does."""
+    body = {"state": TICKET * 8, "questions": {k: q.model_dump(exclude_none=True)
+                                                for k, q in questions().items()}}
+    raw = json.dumps(body).encode()
+    assert len(raw) > 1024
+    with sync_client(server, compression="zstd") as zstd_client, \
+            sync_client(server, compression=False) as plain_client:
+        zstd = zstd_client.system_one(state=body["state"], questions=questions())
+        plain = plain_client.system_one(state=body["state"], questions=questions())
+    assert zstd.choices == plain.choices and zstd.scores == plain.scores and zstd.nouls == plain.nouls
+
+    def post(data, headers):
+        req = urllib.request.Request(server + "/v1/systemone", data=data, method="POST",
+                                     headers={"Authorization": f"Bearer {API_KEY}",
+                                              "Content-Type": "application/json", **headers})
+        with urllib.request.urlopen(req, timeout=300) as r:
+            return json.loads(r.read())
+
+    gz = post(gzip.compress(raw), {"Content-Encoding": "gzip"})
+    assert gz["answers"] == post(raw, {})["answers"]
+    assert gz["answers"]["team"]["probabilities"] == plain.choices["team"].probabilities
+
+
+def jevcompat(base, *args):
+    """Runs `jevcompat test` and returns its JSON report."""
+    with tempfile.TemporaryDirectory() as d:
+        report = Path(d) / "report.json"
+        done = subprocess.run([str(Path(sys.executable).parent / "jevcompat"), "test", base, "--json", str(report), *args],
+                              capture_output=True, text=True, timeout=1500)
+        assert report.exists(), done.stdout + done.stderr
+        return json.loads(report.read_text()), done.stdout
+
+
+@pytest.mark.parametrize("auth", [False, True])
+def test_jevcompat_finds_the_route_conformant(auth):
+    """jevcompat 0.1.1 (every MUST and SHOULD) against the fixture, without
+    and with an API key (the auth checks run only with one)."""
+    state_dir = tempfile.mkdtemp(prefix="decisio-jevcompat-")
+    args = ["--model", str(MODEL), "--state-dir", state_dir] + (["--api-key", "jev-key"] if auth else [])
+    proc, base = start_server(args)
+    try:
+        report, out = jevcompat(base, "--timeout", "600", *(["--key", "jev-key"] if auth else []))
+    finally:
+        stop_server(proc)
+    assert "conformant to spec" in out and "not conformant" not in out, out
+    summary = [line for line in out.splitlines() if line.startswith("conformant")]
+    assert summary, out
+    must, must_of, should, should_of = re.search(
+        r"MUST (\d+)/(\d+), SHOULD (\d+)/(\d+)", summary[0]).groups()
+    assert (must, should) == (must_of, should_of), summary[0]  # every one checked passes
+    if auth:
+        assert "SHOULD 15/15" in summary[0], out
+    assert report
