@@ -344,3 +344,57 @@ fn prompts_are_the_reference_decisios_token_for_token() {
         }
     }
 }
+
+#[test]
+fn the_vllm_backend_answers_the_wire_as_the_mlx_backend_does() {
+    // The gateway in front of the MLX server (which speaks vLLM's API),
+    // unpadded so that both read the same prompt: the same answers, up to
+    // the log-probabilities' trip through JSON. The 255 options' letter
+    // codes are read in two requests (vLLM takes 128 ids a request).
+    let mlx = Server::start(&[]);
+    let url = mlx.url();
+    let gateway = Server::start(&[
+        "--backend",
+        "vllm",
+        "--upstream",
+        &url,
+        "--pad-policy",
+        "none",
+    ]);
+    let mut qs = questions();
+    let many: serde_json::Map<String, Value> = (0..255)
+        .map(|i| {
+            (
+                format!("Queue {i:03}"),
+                json!(format!("Tickets routed to queue {i}")),
+            )
+        })
+        .collect();
+    qs["queue"] = json!({"type": "choice", "instructions": "Which queue?", "criteria": many});
+    let body = json!({"state": TICKET, "questions": qs});
+    let (a, b) = (ask(&mlx, &body), ask(&gateway, &body));
+    for id in ["refund", "team", "anger", "queue"] {
+        let (x, y) = (&a["answers"][id], &b["answers"][id]);
+        assert_eq!(x["type"], y["type"], "{id}");
+        assert_eq!(x["choice"], y["choice"], "{id}");
+        let values = |v: &Value| -> Vec<f64> {
+            match v.get("probabilities") {
+                Some(_) => probabilities(v).into_iter().map(|(_, p)| p).collect(),
+                None => vec![v["noul"].as_f64().unwrap()],
+            }
+        };
+        for (p, q) in values(x).iter().zip(values(y)) {
+            assert!(
+                (p - q).abs() < 1e-5,
+                "{id}: {p} on MLX, {q} through the vLLM backend"
+            );
+        }
+    }
+    assert_eq!(
+        b["answers"]["queue"]["probabilities"]
+            .as_object()
+            .unwrap()
+            .len(),
+        255
+    );
+}

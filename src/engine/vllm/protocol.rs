@@ -338,6 +338,10 @@ impl EmbeddingValue {
 
 /// `base` asking for the log-probabilities of `letters` at its first
 /// generated position, by `method` (the top-k method asks for its `k`).
+/// Most ids vLLM takes in one request's `logprob_token_ids`
+/// (`MAX_LOGPROB_TOKEN_IDS`, `vllm/sampling_params.py`, 0.32.0 and 0.33.0).
+pub const MAX_LOGPROB_TOKEN_IDS: usize = 128;
+
 pub fn letter_request(
     method: LetterMethod,
     base: CompletionRequest,

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use super::probe::Probed;
 use super::protocol::{
     cached_tokens, first_position, letter_request, state_found, token_id, CompletionRequest,
-    CompletionResponse,
+    CompletionResponse, MAX_LOGPROB_TOKEN_IDS,
 };
 use super::{score_timeout, Inner, LetterMethod};
 use crate::engine::EngineError;
@@ -24,23 +24,45 @@ pub async fn read_letters(
     read: &[u32],
     state: usize,
 ) -> Result<(Vec<f32>, bool), EngineError> {
-    let (probed, response): (Probed, CompletionResponse) = inner
-        .pool
-        .call_routed(key, "/v1/completions", score_timeout(inner), |p| {
-            letter_request(
-                p.method,
-                CompletionRequest::greedy(&p.model, prompt.to_vec(), 1),
-                read,
-            )
-        })
-        .await?;
+    // By token ids, at most vLLM's limit of ids a request
+    // (`MAX_LOGPROB_TOKEN_IDS`): the first request asks for the first ones,
+    // and the rest (a System One choice of up to 255 options) follow in
+    // requests of their own on the same prompt, each id's log-probability
+    // being over the whole vocabulary whichever request reads it.
+    let ask = |letters: Vec<u32>| {
+        inner
+            .pool
+            .call_routed(key, "/v1/completions", score_timeout(inner), move |p| {
+                let letters = match p.method {
+                    LetterMethod::TokenIds => &letters[..letters.len().min(MAX_LOGPROB_TOKEN_IDS)],
+                    _ => &letters[..],
+                };
+                letter_request(
+                    p.method,
+                    CompletionRequest::greedy(&p.model, prompt.to_vec(), 1),
+                    letters,
+                )
+            })
+    };
+    let (probed, response): (Probed, CompletionResponse) = ask(read.to_vec()).await?;
     let found_state = state_found(
         cached_tokens(response.usage.as_ref()),
         state,
         prompt.len(),
         probed.hit_unit(),
     );
-    let found = first_position(&response).map_err(|m| EngineError::Upstream(m.to_string()))?;
+    let mut found = first_position(&response).map_err(|m| EngineError::Upstream(m.to_string()))?;
+    if probed.method == LetterMethod::TokenIds {
+        let rest = read
+            .iter()
+            .skip(MAX_LOGPROB_TOKEN_IDS)
+            .copied()
+            .collect::<Vec<_>>();
+        let more = rest.chunks(MAX_LOGPROB_TOKEN_IDS).map(|c| ask(c.to_vec()));
+        for (_, r) in futures::future::try_join_all(more).await? {
+            found.extend(first_position(&r).map_err(|m| EngineError::Upstream(m.to_string()))?);
+        }
+    }
     let out = letters_at(inner, key, &probed, &found, read, || prompt.to_vec(), "").await?;
     Ok((out, found_state))
 }
