@@ -150,6 +150,14 @@ impl TextRoute {
         let [yes, no] = wire::YES_NO_LABELS;
         let yes_no_ids = one_token(yes).zip(one_token(no)).map(|(y, n)| [y, n]);
         let wire_codes = wire::letter_codes(&tokenizer);
+        if wire_codes.len() < wire::MAX_LABELS {
+            tracing::warn!(
+                "this tokenizer writes {} letter codes (` A`, ` B`, ...) as one token each, so \
+                 System One choices take at most that many options here, not {}",
+                wire_codes.len(),
+                wire::MAX_LABELS
+            );
+        }
         Ok(TextRoute {
             pad_id,
             packed_letter_ids,
