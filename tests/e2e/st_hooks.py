@@ -14,13 +14,15 @@ here is listed in docs/design/openapi.md.
    is not blank.
 3. No two options (or labels) are equal after trimming whitespace.
 4. The prompt, and the prompt plus `max_tokens`, fit the context; so does
-   a state with each of its questions. The generator cannot count tokens:
+   a state with each of its questions (a System One question too, its
+   state, instructions and options counted as the JSON they are sent as). The generator cannot count tokens:
    a draw is kept when its text's UTF-8 bytes (at least its tokens, for
    the byte-level tokenizers served here) plus a fixed allowance for the
    template's own tokens fit `DECISIO_ST_CONTEXT`, the server's
    `--max-model-len`.
 """
 
+import json
 import os
 
 import schemathesis
@@ -96,6 +98,20 @@ def filter_case(context, case):
             if state + _question(q.get("text"), options) > CONTEXT:
                 return False
         return True
+    if path == "/v1/systemone":
+        state = _json_bytes(body.get("state"))
+        questions = body.get("questions")
+        for q in (questions.values() if isinstance(questions, dict) else []):
+            if not isinstance(q, dict):
+                continue
+            criteria = q.get("criteria")
+            options = (list(criteria.items()) if isinstance(criteria, dict)
+                       else [(None, c) for c in criteria] if isinstance(criteria, list) else [])
+            text = _json_bytes(q.get("instructions")) + sum(
+                PER_OPTION + _bytes(k) + _json_bytes(v) for k, v in options)
+            if state + PER_PROMPT + text > CONTEXT:
+                return False
+        return True
     if path == "/v1/chat/completions":
         messages = body.get("messages") or []
         prompt = sum(PER_MESSAGE + _bytes(_content(m)) for m in messages) + PER_PROMPT
@@ -131,6 +147,16 @@ def filter_case(context, case):
 
 def _bytes(text):
     return len(text.encode("utf-8", "surrogatepass")) if isinstance(text, str) else 0
+
+
+def _json_bytes(value):
+    """A value's bytes as the prompt shows it, at most: text as it is,
+    anything else as JSON."""
+    if value is None:
+        return 0
+    if isinstance(value, str):
+        return _bytes(value)
+    return _bytes(json.dumps(value, ensure_ascii=False))
 
 
 def _content(message):
