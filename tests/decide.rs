@@ -6,7 +6,7 @@ mod common;
 
 use common::Server;
 use decisio::prompt::{ChatTemplate, TextTokenizer};
-use decisio::route::decide::render;
+use decisio::route::decide::{render, LETTERS};
 use decisio::route::{Question, State};
 use serde_json::{json, Value};
 
@@ -67,7 +67,8 @@ fn prompts_split_at_the_state_and_tokenize_as_a_whole() {
                 head: None,
                 wire: None,
             };
-            let r = render(&template, &state, &question).unwrap();
+            let codes: Vec<String> = LETTERS.iter().map(|l| l.to_string()).collect();
+            let r = render(&template, &state, &question, &codes).unwrap();
             assert!(r.prefix.ends_with(st["state"].as_str().unwrap().trim_end()));
             let mut ids = tokenizer.encode(&r.prefix, false).unwrap();
             ids.extend(tokenizer.encode(&r.suffix, false).unwrap());
@@ -307,7 +308,7 @@ fn abstention_temperature_ties_and_bad_input() {
         assert_eq!(r.status, 400, "{}", r.text());
         assert_eq!(r.json()["error"]["param"], param, "{}", r.text());
     };
-    let letters: Vec<String> = (0..27).map(|i| format!("option {i}")).collect();
+    let letters: Vec<String> = (0..256).map(|i| format!("option {i}")).collect();
     bad(
         json!({"state": state, "questions": [{"text": "Which?", "options": letters}]}),
         "questions[0].options",
@@ -359,4 +360,50 @@ fn abstention_temperature_ties_and_bad_input() {
     assert_eq!(r.status, 404, "{}", r.text());
     assert_eq!(r.json()["error"]["code"], "task_not_found");
     assert_eq!(r.json()["error"]["param"], "questions[0].task");
+}
+
+/// Beyond 26 options, the options are lettered `AA`, `AB`, ... (each code
+/// one token of the fixture's tokenizer), up to 255; the answer keys them
+/// so, and an option's answer is read from its own code's token.
+#[test]
+fn up_to_255_options_are_lettered_with_two_letter_codes() {
+    let s = Server::start(&[]);
+    let tokenizer = TextTokenizer::from_file(&common::model_dir().join("tokenizer.json")).unwrap();
+    let codes = decisio::route::wire::one_token_codes(&tokenizer, "");
+    assert_eq!(codes.len(), 255);
+    assert!(codes.iter().take(26).map(|(c, _)| c.as_str()).eq(LETTERS));
+    let mut options: Vec<String> = (1..255).map(|i| format!("a crate of {i} apples")).collect();
+    options.push("the blue one".into());
+    let state = "The sky on a clear day is blue.";
+    let r = decide(
+        &s,
+        &json!({"state": state, "questions": [{"text": "What colour is the sky?",
+                                               "options": options}]}),
+    );
+    let a = &r["answers"][0];
+    let p = a["probabilities"].as_object().unwrap();
+    let keys: Vec<&str> = p.keys().map(String::as_str).collect();
+    let want: Vec<&str> = codes.iter().map(|(c, _)| c.as_str()).collect();
+    assert_eq!(keys, want);
+    assert!(keys[26..].iter().all(|k| k.len() == 2), "{keys:?}");
+    let sum: f64 = p.values().map(|v| v.as_f64().unwrap()).sum();
+    assert!((sum - 1.0).abs() < 1e-4, "{sum}");
+    assert_eq!(a["letter_logprobs"].as_object().unwrap().len(), 255);
+    let letter = a["letter"].as_str().unwrap();
+    let index = a["index"].as_u64().unwrap() as usize;
+    assert_eq!(letter, want[index]);
+    assert_eq!(a["option"], options[index]);
+    // A question of 27 options is answered over the first 27 codes.
+    let r27 = decide(
+        &s,
+        &json!({"state": state, "questions": [{"text": "What colour is the sky?",
+                                               "options": options[..27]}]}),
+    );
+    let k27: Vec<String> = r27["answers"][0]["probabilities"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .cloned()
+        .collect();
+    assert_eq!(k27.last().map(String::as_str), Some(want[26]));
 }

@@ -226,7 +226,7 @@ fn every_request_schema_has_exactly_the_fields_the_server_reads() {
 /// The numbers the validation code enforces are the description's.
 #[test]
 fn the_described_limits_are_the_enforced_ones() {
-    use decisio::route::decide::{LETTERS, MAX_QUESTIONS, TEMPERATURE_RANGE};
+    use decisio::route::decide::{MAX_OPTIONS, MAX_QUESTIONS, TEMPERATURE_RANGE};
     use decisio::settings::Limits;
     use serde_json::json;
     let spec = decisio::server::openapi::file();
@@ -242,10 +242,7 @@ fn the_described_limits_are_the_enforced_ones() {
             format!("{s}/DecideRequest/properties/questions/maxItems"),
             json!(MAX_QUESTIONS),
         ),
-        (
-            format!("{s}/DecisionOptions/maxItems"),
-            json!(LETTERS.len()),
-        ),
+        (format!("{s}/DecisionOptions/maxItems"), json!(MAX_OPTIONS)),
         (
             format!("{s}/DecisionTemperature/minimum"),
             json!(TEMPERATURE_RANGE.0),

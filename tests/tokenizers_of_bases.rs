@@ -13,7 +13,8 @@ use std::path::PathBuf;
 
 use common::asset;
 use decisio::prompt::{ChatTemplate, TextTokenizer};
-use decisio::route::decide::{render, Question, State, LETTERS, PAD_TEXT};
+use decisio::route::decide::{render, Question, State, LETTERS, MAX_OPTIONS, PAD_TEXT};
+use decisio::route::wire::one_token_codes;
 use decisio::route::TextRoute;
 use serde_json::Value;
 
@@ -78,6 +79,11 @@ fn mmlu_questions(n: usize) -> Vec<Question> {
         .collect()
 }
 
+/// The letters A to Z as the codes of a question's options.
+fn letters26() -> Vec<String> {
+    LETTERS.iter().map(|l| l.to_string()).collect()
+}
+
 /// Every letter is one token that decodes back to the letter, the letters
 /// are distinct, and the padding filler is one token.
 fn check_letters(name: &str, tok: &TextTokenizer) -> Vec<u32> {
@@ -101,6 +107,8 @@ fn check_letters(name: &str, tok: &TextTokenizer) -> Vec<u32> {
 /// letter's id. Returns how many prompts were checked.
 fn check_answer_position(name: &str, tok: &TextTokenizer, template: &ChatTemplate) -> usize {
     let letters = check_letters(name, tok);
+    let codes = one_token_codes(tok, "");
+    assert_eq!(codes.len(), MAX_OPTIONS, "{name}: letter codes");
     let mut checked = 0;
     for (i, q) in mmlu_questions(MMLU_QUESTIONS).iter().enumerate() {
         let states = [
@@ -111,7 +119,8 @@ fn check_answer_position(name: &str, tok: &TextTokenizer, template: &ChatTemplat
             ]),
         ];
         for state in &states {
-            let r = render(template, state, q).unwrap_or_else(|e| panic!("{name}: {e:?}"));
+            let r = render(template, state, q, &letters26())
+                .unwrap_or_else(|e| panic!("{name}: {e:?}"));
             let full = format!("{}{}", r.prefix, r.suffix);
             if let State::Text(text) = state {
                 assert!(
@@ -122,9 +131,20 @@ fn check_answer_position(name: &str, tok: &TextTokenizer, template: &ChatTemplat
             }
             assert!(r.suffix.contains(q.text.trim()), "{name}");
             let base = tok.encode(&full, false).unwrap();
-            // Letters A to D on every prompt; all 26 on the first.
-            let count = if checked == 0 { 26 } else { 4 };
-            for (l, id) in LETTERS.iter().zip(&letters).take(count) {
+            // Letters A to D on every prompt; all 26 on the first, and
+            // there also every further code of the route's (`AA`, `AB`, ...
+            // up to 255 options).
+            let mut letters: Vec<(String, u32)> = LETTERS
+                .iter()
+                .map(|l| l.to_string())
+                .zip(letters.iter().copied())
+                .collect();
+            if checked == 0 {
+                letters.extend(codes[26..].iter().cloned());
+            } else {
+                letters.truncate(4);
+            }
+            for (l, id) in &letters {
                 let with = tok.encode(&format!("{full}{l}"), false).unwrap();
                 assert_eq!(
                     with.len(),
@@ -149,7 +169,13 @@ fn qwen3_decision_prompts_read_single_letters() {
     assert_eq!(n, 2 * MMLU_QUESTIONS);
     // Thinking is switched off, so the answer follows an empty think block.
     let q = &mmlu_questions(1)[0];
-    let r = render(&f.template, &State::Text("A state.".into()), q).unwrap();
+    let r = render(
+        &f.template,
+        &State::Text("A state.".into()),
+        q,
+        &letters26(),
+    )
+    .unwrap();
     assert!(
         r.suffix
             .ends_with("<|im_start|>assistant\n<think>\n\n</think>\n\n"),
@@ -164,7 +190,13 @@ fn gemma3_decision_prompts_read_single_letters() {
     let n = check_answer_position(f.name, &f.tokenizer, &f.template);
     assert_eq!(n, 2 * MMLU_QUESTIONS);
     let q = &mmlu_questions(1)[0];
-    let r = render(&f.template, &State::Text("A state.".into()), q).unwrap();
+    let r = render(
+        &f.template,
+        &State::Text("A state.".into()),
+        q,
+        &letters26(),
+    )
+    .unwrap();
     assert!(
         r.prefix.starts_with("<bos><start_of_turn>user\n"),
         "{:?}",

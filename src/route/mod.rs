@@ -105,8 +105,11 @@ pub struct TextRoute {
     pub default_temperature: f64,
     pub base: Option<&'static Base>,
     pub metrics: Arc<Metrics>,
-    /// Token ids of the letters A..Z.
-    pub letter_ids: Vec<u32>,
+    /// The letter codes of decisio's own layout with their token ids: `A`
+    /// to `Z` (each checked at start to be one token), then `AA`, `AB`, ...
+    /// where the bare code is one token, up to 255
+    /// ([`wire::one_token_codes`]).
+    pub letter_codes: Vec<(String, u32)>,
     /// The filler token that pads states to a block boundary, when the
     /// tokenizer has one (see [`decide::PAD_TEXT`]).
     pub pad_id: Option<u32>,
@@ -132,6 +135,12 @@ impl TextRoute {
         config: RouteConfig,
     ) -> Result<Self, String> {
         let letter_ids = Self::letter_ids(&tokenizer)?;
+        let letter_codes = wire::one_token_codes(&tokenizer, "");
+        debug_assert!(letter_codes
+            .iter()
+            .map(|(_, id)| *id)
+            .take(26)
+            .eq(letter_ids));
         let pad_id = match tokenizer.encode(decide::PAD_TEXT, false) {
             Ok(ids) if ids.len() == 1 => Some(ids[0]),
             _ => None,
@@ -174,7 +183,7 @@ impl TextRoute {
             default_temperature: config.default_temperature,
             base: config.base,
             metrics: config.metrics,
-            letter_ids,
+            letter_codes,
         })
     }
 

@@ -49,6 +49,14 @@ pub enum WireAsk {
 /// where ` CODE` is one token that no earlier code has, up to
 /// [`MAX_LABELS`]; with each code's token id.
 pub fn letter_codes(tokenizer: &TextTokenizer) -> Vec<(String, u32)> {
+    one_token_codes(tokenizer, " ")
+}
+
+/// The codes `A`..`Z`, then `AA`..`ZZ`, each kept where `lead` and the
+/// code are one token that no earlier code has, up to [`MAX_LABELS`]; with
+/// each code's token id. The wire reads ` A` (`lead` a space); decisio's own
+/// layout reads the bare code after the assistant turn's start.
+pub fn one_token_codes(tokenizer: &TextTokenizer, lead: &str) -> Vec<(String, u32)> {
     let singles = ('A'..='Z').map(|c| c.to_string());
     let pairs = ('A'..='Z').flat_map(|a| ('A'..='Z').map(move |b| format!("{a}{b}")));
     let mut seen = std::collections::HashSet::new();
@@ -57,7 +65,7 @@ pub fn letter_codes(tokenizer: &TextTokenizer) -> Vec<(String, u32)> {
         if out.len() == MAX_LABELS {
             break;
         }
-        if let Ok(ids) = tokenizer.encode(&format!(" {code}"), false) {
+        if let Ok(ids) = tokenizer.encode(&format!("{lead}{code}"), false) {
             if ids.len() == 1 && seen.insert(ids[0]) {
                 out.push((code, ids[0]));
             }

@@ -2,7 +2,7 @@
 //! (the letters' logits, or an intent head's on the hidden state, divided
 //! by the temperature), the tie-break and abstention.
 
-use super::{Answer, Question, LETTERS};
+use super::{Answer, Question};
 use crate::route::wire::WireAsk;
 use crate::route::TextRoute;
 use crate::stats::head::Head;
@@ -30,9 +30,9 @@ impl TextRoute {
     /// the System One wire's letter codes, or `yes` and `no`.
     fn labels(&self, q: &Question) -> Vec<String> {
         match &q.wire {
-            None => LETTERS[..q.options.len()]
+            None => self.letter_codes[..q.options.len()]
                 .iter()
-                .map(|l| l.to_string())
+                .map(|(code, _)| code.clone())
                 .collect(),
             Some(WireAsk::Letters) => self.wire_codes[..q.options.len()]
                 .iter()

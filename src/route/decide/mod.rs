@@ -27,7 +27,8 @@ use crate::engine::{MultiQuestion, QuestionScore, ScoreRequest, StateHash};
 use crate::route::wire::WireAsk;
 use crate::stats::head::Head;
 
-/// The letters of options, in order; at most 26 options per question.
+/// The first 26 letter codes, one letter each (a packed prompt's options
+/// take these alone).
 pub const LETTERS: [&str; 26] = [
     "A", "B", "C", "D", "E", "F", "G", "H", "I", "J", "K", "L", "M", "N", "O", "P", "Q", "R", "S",
     "T", "U", "V", "W", "X", "Y", "Z",
@@ -38,6 +39,11 @@ pub const LETTERS: [&str; 26] = [
 /// logits a model gives, and the temperature itself would not survive
 /// the f32 of the answer (1e-45 is 0).
 pub const TEMPERATURE_RANGE: (f64, f64) = (1e-3, 1e3);
+
+/// Most options of a question: `A` to `Z`, then two-letter codes `AA`,
+/// `AB`, ... (those the tokenizer writes as one token), as the System One
+/// wire letters them.
+pub const MAX_OPTIONS: usize = crate::route::wire::MAX_LABELS;
 
 /// Most questions in one request.
 pub const MAX_QUESTIONS: usize = 256;
@@ -141,10 +147,13 @@ pub fn check_question(q: &Question, param: &str) -> Result<(), RouteError> {
         // The wire's layer checked a wire question's options (2 to 255; two
         // may read alike, as the reference asks them); an intent task's
         // labels were checked at registration.
-    } else if n < 2 || n > LETTERS.len() {
+    } else if !(2..=MAX_OPTIONS).contains(&n) {
         return Err(invalid(
             &format!("{param}.options"),
-            format!("a question needs 2 to 26 options (lettered A to Z); got {n}"),
+            format!(
+                "a question needs 2 to {MAX_OPTIONS} options (lettered A to Z, then AA, AB, \
+                 ...); got {n}"
+            ),
         ));
     }
     let options = if q.head.is_some() || q.wire.is_some() {
@@ -407,7 +416,10 @@ mod tests {
         };
         bad(q("  ", &["yes", "no"]), "q.text");
         bad(q("Is it?", &["yes"]), "q.options");
-        bad(q("Is it?", &vec!["x"; 27]), "q.options");
+        let many: Vec<String> = (0..=MAX_OPTIONS).map(|i| format!("o{i}")).collect();
+        let many: Vec<&str> = many.iter().map(String::as_str).collect();
+        bad(q("Is it?", &many), "q.options");
+        assert!(check_question(&q("Is it?", &many[..MAX_OPTIONS]), "q").is_ok());
         bad(q("Is it?", &["yes", ""]), "q.options[1]");
         bad(q("Is it?", &["yes", "no", "yes"]), "q.options[2]");
         let mut t = q("Is it?", &["yes", "no"]);
@@ -424,7 +436,8 @@ mod tests {
 
     #[test]
     fn the_block_letters_the_options() {
-        let block = question_block(&q("Which?", &["red", "green"]));
+        let codes = ["A".to_string(), "B".to_string()];
+        let block = question_block(&q("Which?", &["red", "green"]), &codes);
         assert_eq!(block, format!("Which?\nA. red\nB. green\n{ANSWER_CUE}"));
     }
 }

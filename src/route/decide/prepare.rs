@@ -49,8 +49,12 @@ impl TextRoute {
                 .iter()
                 .map(|(_, id)| *id)
                 .collect(),
-            None if q.head.is_some() => self.letter_ids[..1].to_vec(),
-            None => self.letter_ids[..q.options.len().min(LETTERS.len())].to_vec(),
+            None if q.head.is_some() => vec![self.letter_codes[0].1],
+            None => self
+                .decide_codes(q.options.len())?
+                .iter()
+                .map(|(_, id)| *id)
+                .collect(),
         })
     }
 
@@ -116,6 +120,18 @@ impl TextRoute {
         })?;
         for (i, q) in questions.iter().enumerate() {
             check_question(q, &format!("questions[{i}]"))?;
+            if q.options.len() > LETTERS.len() {
+                return Err(invalid(
+                    &format!("questions[{i}].options"),
+                    format!(
+                        "multi_question `packed` letters options A to Z, so a question takes \
+                         at most {} options there; got {} (ask it in `warm` or `sequential` \
+                         mode)",
+                        LETTERS.len(),
+                        q.options.len()
+                    ),
+                ));
+            }
             if q.head.is_some() {
                 return Err(invalid(
                     &format!("questions[{i}].task"),

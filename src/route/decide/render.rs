@@ -20,15 +20,15 @@ pub struct Rendered {
     pub suffix: String,
 }
 
-/// The question block: the question, its lettered options, the cue. An
-/// intent task's question is its text alone (its labels, up to a
+/// The question block: the question, its options lettered by `codes`, the
+/// cue. An intent task's question is its text alone (its labels, up to a
 /// thousand, are not listed: the head reads them off the hidden state).
-pub fn question_block(q: &Question) -> String {
+pub fn question_block(q: &Question, codes: &[String]) -> String {
     if q.head.is_some() {
         return q.text.trim().to_string();
     }
     let mut text = q.text.trim().to_string();
-    for (letter, option) in LETTERS.iter().zip(&q.options) {
+    for (letter, option) in codes.iter().zip(&q.options) {
         text.push_str(&format!("\n{letter}. {}", option.trim()));
     }
     text.push('\n');
@@ -75,14 +75,16 @@ fn decision_kwargs(template: &ChatTemplate) -> Map<String, Value> {
     kwargs
 }
 
-/// Renders a question on a state through the chat template and splits the
-/// text right after the state (after its last non-blank character).
+/// Renders a question on a state through the chat template, its options
+/// lettered by `codes`, and splits the text right after the state (after its
+/// last non-blank character).
 pub fn render(
     template: &ChatTemplate,
     state: &State,
     q: &Question,
+    codes: &[String],
 ) -> Result<Rendered, RouteError> {
-    render_block(template, state, question_block(q), Split::AfterState)
+    render_block(template, state, question_block(q, codes), Split::AfterState)
 }
 
 /// Renders a System One question on a state in the wire's layout
@@ -175,7 +177,14 @@ impl TextRoute {
     /// Renders a question on a state and splits it where the state ends.
     pub fn render_decision(&self, state: &State, q: &Question) -> Result<Rendered, RouteError> {
         match &q.wire {
-            None => render(&self.template, state, q),
+            None => {
+                let codes: Vec<String> = self
+                    .decide_codes(q.options.len())?
+                    .iter()
+                    .map(|(c, _)| c.clone())
+                    .collect();
+                render(&self.template, state, q, &codes)
+            }
             Some(ask) => {
                 let codes: Vec<String> = self
                     .wire_codes(q.options.len())?
@@ -185,6 +194,22 @@ impl TextRoute {
                 render_wire(&self.template, state, q, ask, &codes)
             }
         }
+    }
+
+    /// The first `n` letter codes of decisio's own layout, with their token
+    /// ids; refused when the tokenizer has fewer (an intent question reads
+    /// one).
+    pub fn decide_codes(&self, n: usize) -> Result<&[(String, u32)], RouteError> {
+        self.letter_codes.get(..n).ok_or_else(|| {
+            invalid(
+                "options",
+                format!(
+                    "{n} options, but this tokenizer writes only {} letter codes (A to Z, AA, \
+                     ...) as one token each; send at most that many options",
+                    self.letter_codes.len()
+                ),
+            )
+        })
     }
 
     /// The first `n` letter codes of the System One wire, with their token
