@@ -397,4 +397,26 @@ fn the_vllm_backend_answers_the_wire_as_the_mlx_backend_does() {
             .len(),
         255
     );
+    // `/v1/decide` letters 255 options too (`AA`, `AB`, ... past `Z`), on
+    // both backends alike.
+    let options: Vec<String> = (0..255).map(|i| format!("queue {i}")).collect();
+    let decide = json!({"state": TICKET, "questions": [
+        {"text": "Which queue should take this ticket?", "options": options}]});
+    let answer = |s: &Server| {
+        let r = s.post_json("/v1/decide", &decide);
+        assert_eq!(r.status, 200, "{}", r.text());
+        r.json()["answers"][0].clone()
+    };
+    let (x, y) = (answer(&mlx), answer(&gateway));
+    assert_eq!(x["letter"], y["letter"]);
+    let (px, py) = (
+        x["probabilities"].as_object().unwrap(),
+        y["probabilities"].as_object().unwrap(),
+    );
+    assert_eq!(px.len(), 255);
+    assert!(px.keys().eq(py.keys()));
+    for (k, p) in px {
+        let q = py[k].as_f64().unwrap();
+        assert!((p.as_f64().unwrap() - q).abs() < 1e-5, "{k}: {p} and {q}");
+    }
 }

@@ -401,6 +401,15 @@ fn packed_questions_are_read_at_their_positions_of_one_generation() {
     assert_eq!(r.status, 400, "{}", r.text());
     assert_eq!(r.json()["error"]["param"], "multi_question");
     assert!(r.text().contains("vLLM backend"), "{}", r.text());
+    // A packed prompt letters its options A to Z alone.
+    let many: Vec<String> = (0..27).map(|i| format!("option {i}")).collect();
+    let r = vllm.post_json(
+        "/v1/decide",
+        &json!({"state": st["state"], "multi_question": "packed",
+                "questions": [{"text": "Which?", "options": many}]}),
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.json()["error"]["param"], "questions[0].options");
     eprintln!(
         "packed: {answers} answers ({fell_back} read by fallback), {exact} bit for bit, the \
          others within {worst:.1e}, {:.1} s",
