@@ -73,6 +73,10 @@ pub struct Gates {
     pub openai_sdk: bool,
     /// Every answer bit for bit.
     pub bitwise: bool,
+    /// The agreement gates also require the same top option on every
+    /// question (two engines on one model's weights: the candidate may
+    /// differ in the last digits, never in an answer).
+    pub same_answers: bool,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -112,6 +116,7 @@ impl Default for Gates {
             conformance: true,
             openai_sdk: true,
             bitwise: false,
+            same_answers: false,
         }
     }
 }
@@ -391,7 +396,12 @@ pub fn compare(
             }
         }
         outcomes.push(accuracy_gate(&cs.name, &pairs, &gates.accuracy));
-        outcomes.push(agreement_gate(&cs.name, &pairs, gates.agreement.tolerance));
+        outcomes.push(agreement_gate(
+            &cs.name,
+            &pairs,
+            gates.agreement.tolerance,
+            gates.same_answers,
+        ));
         if let (Some(fc), Some(fr)) = (&cs.figures, &rs.figures) {
             outcomes.push(ece_gate(
                 &cs.name,
@@ -503,16 +513,29 @@ fn kl(c: &AnswerRecord, r: &AnswerRecord) -> f64 {
         .max(0.0)
 }
 
-fn agreement_gate(name: &str, pairs: &[(&AnswerRecord, &AnswerRecord)], tol: f64) -> Outcome {
+fn agreement_gate(
+    name: &str,
+    pairs: &[(&AnswerRecord, &AnswerRecord)],
+    tol: f64,
+    same_answers: bool,
+) -> Outcome {
     let mean = pairs.iter().map(|(c, r)| kl(c, r)).sum::<f64>() / pairs.len() as f64;
     let same = pairs.iter().filter(|(c, r)| c.index == r.index).count();
     Outcome {
         gate: format!("agreement {name} (mean KL)"),
-        candidate: format!("{mean:.5}"),
+        candidate: if mean > 0.0 && mean < 1e-3 {
+            format!("{mean:.2e}")
+        } else {
+            format!("{mean:.5}")
+        },
         reference: "0".into(),
         difference: format!("same answer on {same} of {}", pairs.len()),
-        tolerance: format!("<= {tol} nats"),
-        pass: mean <= tol,
+        tolerance: if same_answers {
+            format!("<= {tol} nats, the same answer on every question")
+        } else {
+            format!("<= {tol} nats")
+        },
+        pass: mean <= tol && (!same_answers || same == pairs.len()),
     }
 }
 
