@@ -232,7 +232,8 @@ struct UpstreamArgs {
     /// 503 with Retry-After. Each is probed again after 0.5 s, doubling to
     /// 10 s, and admitted the moment it passes. Past this the process exits
     /// with each upstream's error; 0 probes once and exits at once.
-    /// Default: wait indefinitely.
+    /// Without --model, the upstream's model is asked for likewise, before
+    /// the server listens. Default: wait indefinitely.
     #[arg(long, value_name = "SECONDS", value_parser = seconds)]
     upstream_wait: Option<f64>,
     /// Seconds between health checks of each upstream.
