@@ -226,6 +226,16 @@ struct UpstreamArgs {
     /// Seconds for each probe call and health check.
     #[arg(long, default_value_t = UpstreamLimits::default().probe_timeout_s)]
     upstream_probe_timeout: f64,
+    /// Seconds to wait at start for an upstream (and the --head-upstream)
+    /// to pass its start-up probe; meanwhile the server listens, GET
+    /// /health answers 503 saying what it waits for, and the model's routes
+    /// 503 with Retry-After. Each is probed again after 0.5 s, doubling to
+    /// 10 s, and admitted the moment it passes. Past this the process exits
+    /// with each upstream's error; 0 probes once and exits at once.
+    /// Without --model, the upstream's model is asked for likewise, before
+    /// the server listens. Default: wait indefinitely.
+    #[arg(long, value_name = "SECONDS", value_parser = seconds)]
+    upstream_wait: Option<f64>,
     /// Seconds between health checks of each upstream.
     #[arg(long, default_value_t = UpstreamLimits::default().health_interval_s)]
     health_interval: f64,
@@ -253,6 +263,14 @@ struct UpstreamArgs {
     /// Questions of one request in flight at once in `warm` mode.
     #[arg(long, default_value_t = UpstreamLimits::default().fan_out, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1024))]
     fan_out: usize,
+}
+
+/// A number of seconds, 0 or more.
+fn seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        _ => Err(format!("`{s}` is not a number of seconds (0 or more)")),
+    }
 }
 
 /// The default letter temperature: `--letter-temperature`, or the pooled
@@ -326,7 +344,7 @@ fn upstream_model(u: &UpstreamArgs) -> Result<String> {
         .upstreams
         .first()
         .ok_or_else(|| anyhow::anyhow!("the vLLM backend needs at least one --upstream URL"))?;
-    let ask = async {
+    let ask = || async {
         let client = reqwest::Client::builder()
             .connect_timeout(std::time::Duration::from_secs_f64(
                 u.upstream_connect_timeout,
@@ -344,16 +362,35 @@ fn upstream_model(u: &UpstreamArgs) -> Result<String> {
             .json::<ModelList>()
             .await
     };
-    let models = tokio::runtime::Builder::new_current_thread()
+    // Asked again as the start-up probe is, while --upstream-wait lasts.
+    let waiting = std::time::Instant::now();
+    let limits = UpstreamLimits::default();
+    let mut delay = limits.wait_first_backoff_s;
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
-        .build()?
-        .block_on(ask)
-        .with_context(|| {
-            format!(
-                "asking upstream {url} which model it serves (GET /v1/models); start it first, \
+        .build()?;
+    let models = loop {
+        let e = match runtime.block_on(ask()) {
+            Ok(models) => break Ok(models),
+            Err(e) => e,
+        };
+        let waited = waiting.elapsed().as_secs_f64();
+        if u.upstream_wait.is_some_and(|l| waited + delay > l) {
+            break Err(e);
+        }
+        tracing::warn!(
+            "upstream {url} does not say which model it serves yet ({waited:.1} s waited): {e}; \
+             asked again in {delay:.1} s"
+        );
+        std::thread::sleep(std::time::Duration::from_secs_f64(delay));
+        delay = (delay * 2.0).min(limits.wait_max_backoff_s);
+    };
+    let models = models.with_context(|| {
+        format!(
+            "asking upstream {url} which model it serves (GET /v1/models); start it first, \
                  or pass --model with the model's repository"
-            )
-        })?;
+        )
+    })?;
     let card = match &u.upstream_model {
         Some(m) => models.data.iter().find(|c| &c.id == m),
         None => models.data.first(),
@@ -550,6 +587,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
                         request_timeout_s: u.upstream_timeout,
                         generate_timeout_s: u.upstream_generate_timeout,
                         probe_timeout_s: u.upstream_probe_timeout,
+                        wait_s: u.upstream_wait,
                         health_interval_s: u.health_interval,
                         eject_after: u.eject_after,
                         readmit_after: u.readmit_after,
@@ -608,20 +646,28 @@ pub fn run(args: ServeArgs) -> Result<()> {
         limits,
         tasks,
     );
-    exit_if_load_fails(state.route.clone());
+    // The vLLM backend's failure says what it waited for.
+    let failed = match args.backend {
+        Backend::Mlx => "the model failed to load: ",
+        Backend::Vllm => "",
+    };
+    exit_if_load_fails(state.route.clone(), failed);
     actix_web::rt::System::new().block_on(server::serve(state, &args.host, args.port))?;
     Ok(())
 }
 
 /// A server whose model cannot load can never answer: stop the process with
-/// the loader's message instead of serving 503s forever.
-fn exit_if_load_fails(route: Arc<TextRoute>) {
+/// the loader's message instead of serving 503s forever (with the vLLM
+/// backend: once `--upstream-wait` passed with no upstream admitted).
+fn exit_if_load_fails(route: Arc<TextRoute>, prefix: &'static str) {
     std::thread::spawn(move || loop {
         match route.engine().status() {
-            EngineStatus::Loading => std::thread::sleep(std::time::Duration::from_millis(100)),
+            EngineStatus::Loading | EngineStatus::Waiting(_) => {
+                std::thread::sleep(std::time::Duration::from_millis(100))
+            }
             EngineStatus::Ready | EngineStatus::Unavailable(_) => return,
             EngineStatus::Failed(e) => {
-                eprintln!("error: the model failed to load: {e}");
+                eprintln!("error: {prefix}{e}");
                 std::process::exit(1);
             }
         }

@@ -98,6 +98,16 @@ pub struct UpstreamLimits {
     pub generate_timeout_s: f64,
     /// Seconds for each start-up probe call and each `/health` check.
     pub probe_timeout_s: f64,
+    /// Seconds to wait at start for an upstream (and the head upstream)
+    /// to pass its start-up probe before the gateway exits; `None` waits
+    /// indefinitely; 0 probes each once and exits at once when none passes
+    /// (`--upstream-wait`).
+    pub wait_s: Option<f64>,
+    /// Seconds before an upstream that failed its start-up probe is probed
+    /// again; the delay doubles after each failure.
+    pub wait_first_backoff_s: f64,
+    /// The longest delay between two start-up probes of an upstream.
+    pub wait_max_backoff_s: f64,
     /// Seconds between two health checks of each upstream.
     pub health_interval_s: f64,
     /// Failures with no success between that eject an upstream from
@@ -133,6 +143,9 @@ impl Default for UpstreamLimits {
             request_timeout_s: 60.0,
             generate_timeout_s: 600.0,
             probe_timeout_s: 10.0,
+            wait_s: None,
+            wait_first_backoff_s: 0.5,
+            wait_max_backoff_s: 10.0,
             health_interval_s: 2.0,
             eject_after: 2,
             readmit_after: 2,

@@ -495,7 +495,8 @@ fn upstream_faults_are_openai_errors() {
     let st = &reference["states"][3];
     let body = json!({"state": st["state"], "questions": questions(st, 1)});
 
-    // No upstream answers at start: the gateway exits with the reason.
+    // No upstream answers at start, and no wait: the gateway exits with the
+    // reason (tests/vllm_wait.rs: the wait).
     let out = Command::new(env!("CARGO_BIN_EXE_decisio"))
         .args(["serve", "--backend", "vllm", "--model"])
         .arg(common::model_dir())
@@ -503,6 +504,8 @@ fn upstream_faults_are_openai_errors() {
             "--upstream",
             &format!("http://127.0.0.1:{}", common::CLOSED_PORT),
             "--port",
+            "0",
+            "--upstream-wait",
             "0",
         ])
         .stdout(Stdio::null())
@@ -853,12 +856,13 @@ fn intent_heads_through_a_head_upstream_match_the_mlx_backend_bit_for_bit() {
         &json!({"state": st["state"], "questions": questions(st, 1)}),
     );
 
-    // A head upstream that does not answer at start: the gateway exits.
+    // A head upstream that does not answer at start, and no wait: the
+    // gateway exits.
     let out = Command::new(env!("CARGO_BIN_EXE_decisio"))
         .args(["serve", "--backend", "vllm", "--model"])
         .arg(common::model_dir())
         .args(["--upstream", &mlx.url(), "--head-upstream", &head.url()])
-        .args(["--port", "0"])
+        .args(["--port", "0", "--upstream-wait", "0"])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .output()

@@ -705,7 +705,7 @@ fn a_normalising_head_upstream_is_refused_naming_the_pooler_flag() {
         .args(["serve", "--backend", "vllm", "--model"])
         .arg(common::model_dir())
         .args(["--upstream", &replay.url(), "--head-upstream", &head.url()])
-        .args(["--port", "0"])
+        .args(["--port", "0", "--upstream-wait", "0"])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .output()

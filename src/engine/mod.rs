@@ -305,6 +305,10 @@ pub enum EngineError {
     /// what its protocol promises; the message carries the upstream's own.
     #[error("{0}")]
     Upstream(String),
+    /// The backend waits for its servers to come up ([`EngineStatus::Waiting`]);
+    /// the message says which.
+    #[error("{0}")]
+    Waiting(String),
 }
 
 /// Whether a backend can take jobs.
@@ -316,6 +320,40 @@ pub enum EngineStatus {
     /// Loaded, but nothing can serve now (the vLLM backend with every
     /// upstream ejected); it may recover by itself.
     Unavailable(String),
+    /// Started, but waiting for the servers it fronts to come up (the vLLM
+    /// backend before an upstream passed its start-up probe): what it
+    /// serves is not known yet, and no job is taken.
+    Waiting(Waiting),
+}
+
+/// What a backend waits for before it can serve.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Waiting {
+    /// One line for people: what is waited for, for how long, the last
+    /// errors.
+    pub message: String,
+    /// When the wait began, in Unix seconds.
+    pub since: u64,
+    /// Seconds waited so far.
+    pub waited_s: f64,
+    /// Seconds after which the process gives up and exits; `None`: never.
+    pub limit_s: Option<f64>,
+    /// Every server the backend fronts, admitted or not.
+    pub upstreams: Vec<WaitingFor>,
+}
+
+/// One server a backend waits for (or no longer waits for).
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct WaitingFor {
+    pub url: String,
+    /// What it serves the backend: `upstream`, `head upstream`.
+    pub role: &'static str,
+    /// It passed its probe and takes jobs.
+    pub admitted: bool,
+    /// Probes tried so far.
+    pub probes: u32,
+    /// Why its last probe failed.
+    pub last_error: Option<String>,
 }
 
 /// The seam between the route and a backend.

@@ -463,6 +463,7 @@ pub async fn chat_completions(
 ) -> Result<HttpResponse> {
     let body: ChatCompletionRequest = read_json(&req, payload, state.limits.max_body_bytes).await?;
     state.check_model(body.model.as_deref())?;
+    state.ready()?;
     match classify(&body, &state)? {
         ChatJob::Decision(route_state, question) => {
             answer_decision(&state, route_state, question).await

@@ -258,6 +258,7 @@ pub async fn completions(
 ) -> Result<HttpResponse> {
     let body: CompletionRequest = read_json(&req, payload, state.limits.max_body_bytes).await?;
     state.check_model(body.model.as_deref())?;
+    state.ready()?;
     let job = validate(&body, &state.limits)?;
     let route = &state.route;
     let (prompt_text, prompt) = match job.prompt {

@@ -212,6 +212,7 @@ pub async fn decide(
 ) -> Result<HttpResponse> {
     let body: DecideRequest = read_json(&req, payload, state.limits.max_body_bytes).await?;
     state.check_model(body.model.as_deref())?;
+    state.ready()?;
     let (questions, mode) = validate(&body, &state.tasks)?;
     let decision = state
         .route

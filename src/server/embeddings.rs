@@ -195,6 +195,7 @@ pub async fn embeddings(
 ) -> Result<HttpResponse> {
     let body: EmbeddingRequest = read_json(&req, payload, state.limits.max_body_bytes).await?;
     state.check_model(body.model.as_deref())?;
+    state.ready()?;
     let job = validate(&body, &state.limits)?;
     let route = &state.route;
     let caps = route.engine().capabilities();

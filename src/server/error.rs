@@ -203,10 +203,12 @@ impl From<EngineError> for ApiError {
                 }
             }
             EngineError::Model(m) => ApiError::Internal(m),
-            EngineError::UpstreamUnavailable(m) => ApiError::Unavailable {
-                message: m,
-                code: "upstream_unavailable",
-            },
+            EngineError::UpstreamUnavailable(m) | EngineError::Waiting(m) => {
+                ApiError::Unavailable {
+                    message: m,
+                    code: "upstream_unavailable",
+                }
+            }
             EngineError::UpstreamTimeout(m) => ApiError::GatewayTimeout(m),
             EngineError::Upstream(m) => ApiError::BadGateway(m),
         }

@@ -85,6 +85,7 @@ use actix_web::{guard, middleware, web, App, HttpRequest, HttpResponse, HttpServ
 
 pub use error::ApiError;
 
+use crate::engine::{EngineError, EngineStatus};
 use crate::metrics::Metrics;
 use crate::route::TextRoute;
 use crate::settings::Limits;
@@ -154,6 +155,16 @@ impl AppState {
             hidden_size: self.route.engine().info().hidden_size,
             modes: caps.modes.iter().map(|m| m.as_str()).collect(),
             hidden_layers: self.route.engine().hidden_layers(),
+        }
+    }
+
+    /// 503 while the backend waits for the servers it fronts (what it
+    /// serves is not known yet): every route that runs the model calls it
+    /// first.
+    pub fn ready(&self) -> Result<(), ApiError> {
+        match self.route.engine().status() {
+            EngineStatus::Waiting(w) => Err(EngineError::Waiting(w.message).into()),
+            _ => Ok(()),
         }
     }
 

@@ -80,6 +80,15 @@ pub async fn health(state: web::Data<AppState>) -> Result<HttpResponse, ApiError
         EngineStatus::Loading => Err(EngineError::Loading.into()),
         EngineStatus::Failed(e) => Err(EngineError::LoadFailed(e).into()),
         EngineStatus::Unavailable(e) => Err(EngineError::UpstreamUnavailable(e).into()),
+        // The error object, and what is waited for.
+        EngineStatus::Waiting(w) => {
+            let e = ApiError::from(EngineError::Waiting(w.message.clone()));
+            let mut body = e.body();
+            body["waiting"] = serde_json::to_value(&w).unwrap_or_default();
+            Ok(HttpResponse::ServiceUnavailable()
+                .insert_header(("Retry-After", "1"))
+                .json(body))
+        }
     }
 }
 

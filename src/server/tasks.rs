@@ -484,6 +484,7 @@ pub async fn create_task(
     state: web::Data<AppState>,
 ) -> Result<HttpResponse> {
     let body: TaskRequest = read_json(&req, payload, state.limits.max_task_body_bytes).await?;
+    state.ready()?;
     let layers = state.route.engine().hidden_layers();
     let caps = state.route.engine().capabilities();
     let (spec, examples) = validate(&body, &state.limits, layers, caps.name, caps.hidden_hint)?;

@@ -12,6 +12,7 @@ use super::{
     Deleted, Example, Kind, Progress, Status, TaskError, TaskLimits, TaskRecord, TaskRegistry,
     TaskSpec, FORMAT_VERSION,
 };
+use crate::engine::EngineStatus;
 use crate::route::{Question, TextRoute};
 use crate::stats::head::Head;
 
@@ -41,6 +42,9 @@ impl TaskRegistry {
     ) -> Result<Arc<Self>, String> {
         let store = Store::open(root)?;
         let model = route.engine().info().identity.clone();
+        // A backend waiting for its servers does not know its model yet: the
+        // worker compares when it runs the registration.
+        let waiting = matches!(route.engine().status(), EngineStatus::Waiting(_));
         let mut tasks = BTreeMap::new();
         let mut heads = HashMap::new();
         for mut record in store.load()? {
@@ -57,7 +61,7 @@ impl TaskRegistry {
                 }
             }
             if record.status.pending() {
-                if record.model != model {
+                if record.model != model && !waiting {
                     record.status = Status::Failed;
                     record.error = Some(
                         "the server restarted on another model before this registration \

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{fit, fit_intent, Kind, Status, TaskRecord, TaskRegistry, TaskSpec};
-use crate::engine::EngineError;
+use crate::engine::{EngineError, EngineStatus};
 use crate::route::{Question, RouteError, State};
 use crate::stats::head::Head;
 
@@ -80,7 +80,18 @@ impl TaskRegistry {
 
     /// Scores every example not yet in the checkpoint, then fits.
     fn run(&self, id: &str) -> Result<(), String> {
+        // A backend waiting for its servers knows its model once they came.
+        while matches!(self.route.engine().status(), EngineStatus::Waiting(_)) {
+            std::thread::sleep(Duration::from_millis(200));
+        }
         let record = self.get(id).map_err(|e| e.to_string())?;
+        if record.model != self.route.engine().info().identity {
+            return Err(
+                "the server restarted on another model before this registration \
+                        finished; register it again"
+                    .into(),
+            );
+        }
         let spec = record.spec.clone();
         let examples = self.store.load_examples(id)?;
         let (mut logits, mut sealed) = self.store.load_checkpoint(id)?;
@@ -236,7 +247,7 @@ impl TaskRegistry {
                 Err(RouteError::Engine(EngineError::QueueFull(_))) => {
                     std::thread::sleep(QUEUE_FULL_WAIT)
                 }
-                Err(RouteError::Engine(EngineError::Loading)) => {
+                Err(RouteError::Engine(EngineError::Loading | EngineError::Waiting(_))) => {
                     std::thread::sleep(Duration::from_millis(200))
                 }
                 Err(e) => return Err(format!("examples[{i}]: {e}")),

@@ -107,6 +107,7 @@ impl MlxEngine {
             EngineStatus::Loading => return Err(EngineError::Loading),
             EngineStatus::Failed(e) => return Err(EngineError::LoadFailed(e)),
             EngineStatus::Unavailable(e) => return Err(EngineError::UpstreamUnavailable(e)),
+            EngineStatus::Waiting(w) => return Err(EngineError::Waiting(w.message)),
         }
         self.depth.fetch_add(1, Ordering::Relaxed);
         self.jobs.try_send(job).map_err(|e| {

@@ -19,6 +19,20 @@ pub struct HeadProbed {
     pub hidden_size: usize,
 }
 
+impl HeadProbed {
+    /// What the head upstream's probe found, for the log.
+    pub fn describe(&self) -> String {
+        format!(
+            "serves `{}`, embeddings of {} values (last-token hidden states, not normalised), \
+             max_model_len {}",
+            self.model,
+            self.hidden_size,
+            self.max_model_len
+                .map_or("unknown".into(), |n| n.to_string()),
+        )
+    }
+}
+
 /// What makes the vLLM backend return hidden states.
 pub const NO_HEAD_HINT: &str = " (start the gateway with --head-upstream URL, a pooling server \
      whose /v1/embeddings are the model's last-token hidden states, to serve them)";

@@ -28,11 +28,13 @@
 //! it), `letters` (decisions whose questions are separate completions),
 //! `packed` (packed questions), `reading` (a question's letters read from
 //! a completion, for both), `generate` (completions, and chat completions
-//! with images), `head` (the head upstream), [`pool`] (routing, retries,
-//! faults, health checks: every call has a timeout) and [`protocol`] (the
-//! wire types and what is read from them). This file starts the backend,
-//! chooses how a decision's questions are asked, and puts it behind the
-//! [`Engine`] seam.
+//! with images), `head` (the head upstream), `wait` (the start-up wait:
+//! each upstream probed with back-off until it passes), [`pool`] (routing,
+//! retries, faults, health checks: every call has a timeout) and
+//! [`protocol`] (the wire types and what is read from them). This file
+//! starts the backend, settles what the first probes tell (context length,
+//! padding, identity), chooses how a decision's questions are asked, and
+//! puts it behind the [`Engine`] seam.
 //!
 //! Intent tasks read hidden states, which a completions server does not
 //! return: with `--head-upstream` they come from a second engine, a
@@ -50,9 +52,10 @@ pub mod pool;
 mod probe;
 pub mod protocol;
 mod reading;
+mod wait;
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -62,6 +65,7 @@ use tokio::sync::{mpsc, oneshot};
 use self::head::{HeadProbed, NO_HEAD_HINT};
 use self::pool::Pool;
 use self::probe::Probed;
+use self::wait::WaitState;
 use super::{
     Capabilities, ChatReceiver, EmbedReceiver, Engine, EngineError, EngineStatus, GenerateRequest,
     GenerateStream, ModelInfo, MultiQuestion, PadPolicy, ScoreReceiver, ScoreRequest, ScoreResult,
@@ -158,8 +162,19 @@ struct Inner {
     head: Option<Pool<HeadProbed>>,
     options: VllmOptions,
     depth: AtomicUsize,
-    ready: AtomicBool,
-    /// The padding chosen at start from `options.padding` and the probes.
+    /// What the first upstreams to pass their probe settled; empty while
+    /// the gateway waits for them.
+    settled: OnceLock<Settled>,
+    /// Held while settling, so that it is done once.
+    settling: Mutex<()>,
+    wait: WaitState,
+}
+
+/// What depends on the probes, settled when the first completions upstream
+/// (and the head upstream, when there is one) passed.
+struct Settled {
+    info: ModelInfo,
+    /// The padding chosen from `options.padding` and the probes.
     padding: PadPolicy,
 }
 
@@ -190,7 +205,9 @@ impl Inner {
 /// The vLLM backend behind the [`Engine`] seam.
 pub struct VllmEngine {
     inner: Arc<Inner>,
-    info: ModelInfo,
+    /// What [`Engine::info`] says until the probes settled it: the model
+    /// folder's context length.
+    provisional: ModelInfo,
     runtime: Option<tokio::runtime::Runtime>,
 }
 
@@ -232,8 +249,12 @@ fn score_timeout(inner: &Inner) -> Duration {
 }
 
 impl VllmEngine {
-    /// Probes every upstream (at least one must answer), logs what was
-    /// found, chooses the padding, and starts the health checks.
+    /// Starts the backend: probes every upstream (and the head upstream),
+    /// admitting each the moment it passes, and starts the health checks.
+    /// With `limits.wait_s` 0 the first probes are made here and the start
+    /// fails when no upstream (or the head upstream) passes; otherwise the
+    /// backend waits for them ([`EngineStatus::Waiting`]), for at most
+    /// `wait_s` seconds when set.
     pub fn start(options: VllmOptions) -> Result<Self, String> {
         if options.upstreams.is_empty() {
             return Err("the vLLM backend needs at least one --upstream URL".into());
@@ -274,103 +295,62 @@ impl VllmEngine {
             )?),
             None => None,
         };
-        let mut inner = Inner {
+        let limit = options.limits.wait_s;
+        let provisional = ModelInfo {
+            context_length: options.context_length,
+            vocab_size: options.vocab_size,
+            hidden_size: options.hidden_size,
+            architecture: options.architecture.clone(),
+            identity: format!("vllm:{}", options.model.as_deref().unwrap_or("")),
+        };
+        let inner = Arc::new(Inner {
+            wait: WaitState::new(&options.upstreams, options.head_upstream.as_ref(), limit),
             pool,
             head,
             options,
             depth: AtomicUsize::new(0),
-            ready: AtomicBool::new(false),
-            padding: PadPolicy::None,
-        };
-        let results = runtime.block_on(inner.pool.probe_all(|u| probe::probe(&inner, u)));
-        let mut probed = Vec::new();
-        let mut errors = Vec::new();
-        for (u, r) in results {
-            match r {
-                Ok(p) => {
-                    tracing::info!(
-                        "upstream {}: serves `{}`, max_model_len {}, letters read by {}, {}, {}",
-                        u.url,
-                        p.model,
-                        p.max_model_len.map_or("unknown".into(), |n| n.to_string()),
-                        p.method,
-                        match &p.image_refusal {
-                            None => "takes images".to_string(),
-                            Some(why) => format!("takes no images ({why})"),
-                        },
-                        match &p.cache {
-                            Some(c) => format!(
-                                "prefix caching {}, blocks of {} tokens, hits in units of {}{}",
-                                if c.prefix_caching { "on" } else { "off" },
-                                c.block_size,
-                                c.hit_unit,
-                                c.mamba_cache_mode
-                                    .as_ref()
-                                    .map_or(String::new(), |m| format!(", mamba cache mode {m}"))
-                            ),
-                            None => "no cache configuration on /metrics".to_string(),
-                        }
-                    );
-                    probed.push(p);
-                }
-                Err(e) => {
-                    tracing::warn!("upstream {} failed its probe: {e}", u.url);
-                    errors.push(e.to_string());
-                }
-            }
+            settled: OnceLock::new(),
+            settling: Mutex::new(()),
+        });
+        if limit.is_some_and(|l| l <= 0.0) {
+            runtime.block_on(first_probes(&inner))?;
         }
-        if probed.is_empty() {
-            return Err(format!(
-                "no upstream answered the start-up probe: {}",
-                errors.join("; ")
-            ));
-        }
-        if let Some(head) = &inner.head {
-            let results = runtime.block_on(head.probe_all(|u| head::probe(&inner, head, u)));
-            for (u, r) in results {
-                match r {
-                    Ok(p) => tracing::info!(
-                        "head upstream {}: serves `{}`, embeddings of {} values (last-token \
-                         hidden states, not normalised), max_model_len {}",
-                        u.url,
-                        p.model,
-                        p.hidden_size,
-                        p.max_model_len.map_or("unknown".into(), |n| n.to_string()),
-                    ),
-                    Err(e) => return Err(format!("the head upstream failed its probe: {e}")),
-                }
-            }
-        }
-        inner.padding = choose_padding(
-            inner.options.padding,
-            &probed,
-            inner.options.limits.max_auto_pad_block,
+        let backoff = (
+            secs(inner.options.limits.wait_first_backoff_s),
+            secs(inner.options.limits.wait_max_backoff_s),
         );
-        let context_length = probed
-            .iter()
-            .filter_map(|p| p.max_model_len)
-            .chain(
-                inner
-                    .head
-                    .iter()
-                    .filter_map(|h| h.upstreams[0].probed())
-                    .filter_map(|p| p.max_model_len),
-            )
-            .min()
-            .unwrap_or(inner.options.context_length);
-        let info = ModelInfo {
-            context_length,
-            vocab_size: inner.options.vocab_size,
-            hidden_size: inner.options.hidden_size,
-            architecture: inner.options.architecture.clone(),
-            identity: format!("vllm:{}", probed[0].model),
-        };
-        let inner = Arc::new(inner);
-        inner.ready.store(true, Ordering::Relaxed);
+        for (slot, u) in inner.pool.upstreams.iter().enumerate() {
+            let (inner, u) = (inner.clone(), u.clone());
+            runtime.spawn(async move {
+                let i = &*inner;
+                let probe = || probe::probe(i, u.clone());
+                wait::keep_probing(&i.wait, &i.pool, &u, slot, probe, Probed::describe, backoff)
+                    .await;
+                settle(i);
+            });
+        }
+        if let Some(h) = &inner.head {
+            let (slot, u) = (inner.pool.upstreams.len(), h.upstreams[0].clone());
+            let inner = inner.clone();
+            runtime.spawn(async move {
+                let i = &*inner;
+                let Some(h) = &i.head else { return };
+                let probe = || head::probe(i, h, u.clone());
+                wait::keep_probing(&i.wait, h, &u, slot, probe, HeadProbed::describe, backoff)
+                    .await;
+                settle(i);
+            });
+        }
+        if let Some(l) = limit.filter(|l| *l > 0.0) {
+            let inner = inner.clone();
+            runtime.spawn(async move {
+                wait::give_up_after(&inner.wait, l, || inner.settled.get().is_some()).await
+            });
+        }
         runtime.spawn(health_loop(inner.clone()));
         Ok(VllmEngine {
             inner,
-            info,
+            provisional,
             runtime: Some(runtime),
         })
     }
@@ -379,8 +359,12 @@ impl VllmEngine {
         self.runtime.as_ref().ok_or(EngineError::Stopped)
     }
 
-    /// Counts a job in; refuses it when `max_queue` are in flight.
+    /// Counts a job in; refuses it while the gateway waits for its
+    /// upstreams, and when `max_queue` are in flight.
     fn admit(&self) -> Result<DepthGuard, EngineError> {
+        if self.inner.settled.get().is_none() {
+            return Err(EngineError::Waiting(self.inner.wait.report().message));
+        }
         let max = self.inner.options.max_queue.max(1);
         let n = self.inner.depth.fetch_add(1, Ordering::Relaxed);
         let guard = DepthGuard(self.inner.clone());
@@ -389,6 +373,93 @@ impl VllmEngine {
         }
         Ok(guard)
     }
+}
+
+/// The first probe of every upstream, at once, then of the head upstream
+/// (`--upstream-wait 0`): fails when no upstream passes, or the head
+/// upstream does not.
+async fn first_probes(inner: &Inner) -> Result<(), String> {
+    let all = inner.pool.upstreams.iter().enumerate().map(|(slot, u)| {
+        let probe = probe::probe(inner, u.clone());
+        async move {
+            let r = wait::attempt(&inner.wait, &inner.pool, u, slot, probe, Probed::describe).await;
+            if let Err(e) = &r {
+                tracing::warn!("upstream {} failed its probe: {e}", u.url);
+            }
+            r
+        }
+    });
+    let results = futures::future::join_all(all).await;
+    if results.iter().all(|r| r.is_err()) {
+        let errors: Vec<String> = results
+            .iter()
+            .filter_map(|r| r.as_ref().err().map(|e| e.to_string()))
+            .collect();
+        return Err(format!(
+            "no upstream answered the start-up probe: {}",
+            errors.join("; ")
+        ));
+    }
+    if let Some(h) = &inner.head {
+        let (slot, u) = (inner.pool.upstreams.len(), &h.upstreams[0]);
+        let probe = head::probe(inner, h, u.clone());
+        wait::attempt(&inner.wait, h, u, slot, probe, HeadProbed::describe)
+            .await
+            .map_err(|e| format!("the head upstream failed its probe: {e}"))?;
+    }
+    settle(inner);
+    Ok(())
+}
+
+/// Once the first completions upstream (and the head upstream, when there
+/// is one) passed its probe: chooses the padding, and the context length
+/// (the smallest `max_model_len` the upstreams probed so far state) and
+/// identity that [`Engine::info`] reports from then on. Nothing before.
+fn settle(inner: &Inner) {
+    let Ok(_once) = inner.settling.lock() else {
+        return;
+    };
+    if inner.settled.get().is_some() {
+        return;
+    }
+    let probed: Vec<Probed> = inner
+        .pool
+        .upstreams
+        .iter()
+        .filter_map(|u| u.probed())
+        .collect();
+    let Some(first) = probed.first() else { return };
+    let head = match &inner.head {
+        Some(h) => match h.upstreams[0].probed() {
+            Some(p) => Some(p),
+            None => return,
+        },
+        None => None,
+    };
+    let o = &inner.options;
+    let padding = choose_padding(o.padding, &probed, o.limits.max_auto_pad_block);
+    let context_length = probed
+        .iter()
+        .filter_map(|p| p.max_model_len)
+        .chain(head.and_then(|h| h.max_model_len))
+        .min()
+        .unwrap_or(o.context_length);
+    let info = ModelInfo {
+        context_length,
+        vocab_size: o.vocab_size,
+        hidden_size: o.hidden_size,
+        architecture: o.architecture.clone(),
+        identity: format!("vllm:{}", first.model),
+    };
+    tracing::info!(
+        "ready after {:.1} s: serving `{}` from {} of {} upstreams, context of {context_length} \
+         tokens",
+        inner.wait.waited_s(),
+        first.model,
+        probed.len(),
+        inner.pool.upstreams.len()
+    );
+    let _ = inner.settled.set(Settled { info, padding });
 }
 
 /// The padding of states: what `--pad-policy`/`--pad-block` asked, or, by
@@ -471,12 +542,18 @@ impl Drop for DepthGuard {
 
 impl Engine for VllmEngine {
     fn info(&self) -> &ModelInfo {
-        &self.info
+        self.inner
+            .settled
+            .get()
+            .map_or(&self.provisional, |s| &s.info)
     }
 
     fn status(&self) -> EngineStatus {
-        if !self.inner.ready.load(Ordering::Relaxed) {
-            return EngineStatus::Loading;
+        if let Some(why) = self.inner.wait.gave_up() {
+            return EngineStatus::Failed(why);
+        }
+        if self.inner.settled.get().is_none() {
+            return EngineStatus::Waiting(self.inner.wait.report());
         }
         let upstreams = &self.inner.pool.upstreams;
         if upstreams.iter().all(|u| u.is_ejected()) {
@@ -565,7 +642,11 @@ impl Engine for VllmEngine {
         }
         Capabilities {
             modes,
-            padding: self.inner.padding,
+            padding: self
+                .inner
+                .settled
+                .get()
+                .map_or(PadPolicy::None, |s| s.padding),
             name: "vLLM",
             image_refusal: self.inner.image_refusal(),
             embeddings: self.inner.head.is_some(),

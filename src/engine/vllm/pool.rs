@@ -292,41 +292,20 @@ impl<P: Clone> Pool<P> {
         self.set_ejected(u, false);
     }
 
-    /// Probes every upstream at once, keeps what each probe learned and
-    /// admits those that passed. Returns each upstream's outcome.
-    pub async fn probe_all<F, Fut>(
-        &self,
-        probe: F,
-    ) -> Vec<(Arc<Upstream<P>>, Result<P, UpstreamError>)>
-    where
-        F: Fn(Arc<Upstream<P>>) -> Fut,
-        Fut: Future<Output = Result<P, UpstreamError>>,
-    {
-        let all = self.upstreams.iter().map(|u| {
-            let probed = probe(u.clone());
-            async move { (u.clone(), probed.await) }
-        });
-        let results = futures::future::join_all(all).await;
-        for (u, r) in &results {
-            if let Ok(p) = r {
-                u.set_probed(p.clone());
-                self.admit(u);
-            }
-        }
-        results
-    }
-
-    /// One round of health checks: `GET /health` on every upstream, a
-    /// failure counted against it; an ejected upstream that answers is
-    /// probed again (it may have restarted with other settings) before its
-    /// pass counts towards re-admission.
+    /// One round of health checks: `GET /health` on every upstream that
+    /// passed its start-up probe once (the others are probed by the
+    /// start-up wait until they pass), a failure counted against it; an
+    /// ejected upstream that answers is probed again (it may have
+    /// restarted with other settings) before its pass counts towards
+    /// re-admission.
     pub async fn check_health<F, Fut>(&self, probe: F)
     where
         F: Fn(Arc<Upstream<P>>) -> Fut,
         Fut: Future<Output = Result<P, UpstreamError>>,
     {
         let timeout = Duration::from_secs_f64(self.limits.probe_timeout_s.max(0.001));
-        let checks = self.upstreams.iter().map(|u| {
+        let once = self.upstreams.iter().filter(|u| u.probed().is_some());
+        let checks = once.map(|u| {
             let reprobe = probe(u.clone());
             async move {
                 let healthy = self

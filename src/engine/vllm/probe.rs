@@ -40,6 +40,33 @@ impl Probed {
     pub fn hit_unit(&self) -> usize {
         self.cache.as_ref().map_or(1, |c| c.hit_unit)
     }
+
+    /// What a completions upstream's probe found, for the log.
+    pub fn describe(&self) -> String {
+        format!(
+            "serves `{}`, max_model_len {}, letters read by {}, {}, {}",
+            self.model,
+            self.max_model_len
+                .map_or("unknown".into(), |n| n.to_string()),
+            self.method,
+            match &self.image_refusal {
+                None => "takes images".to_string(),
+                Some(why) => format!("takes no images ({why})"),
+            },
+            match &self.cache {
+                Some(c) => format!(
+                    "prefix caching {}, blocks of {} tokens, hits in units of {}{}",
+                    if c.prefix_caching { "on" } else { "off" },
+                    c.block_size,
+                    c.hit_unit,
+                    c.mamba_cache_mode
+                        .as_ref()
+                        .map_or(String::new(), |m| format!(", mamba cache mode {m}"))
+                ),
+                None => "no cache configuration on /metrics".to_string(),
+            }
+        )
+    }
 }
 
 /// A 64×64 grey PNG: the probe's image, as a data URL.

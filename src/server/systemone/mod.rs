@@ -67,6 +67,7 @@ pub async fn systemone(
     if !serves(&state, &request.model) {
         return Err(ApiError::ModelNotFound(request.model.unwrap_or_default()).into());
     }
+    state.ready()?;
     let settings = state.route.wire;
     let asked: Vec<Asked> = request
         .questions
