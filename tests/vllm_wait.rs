@@ -18,8 +18,9 @@ use common::{Response, Server};
 use serde_json::{json, Value};
 
 /// How long a test waits for anything: an upstream to load and pass its
-/// probe, a process to exit.
-const BOUND: Duration = Duration::from_secs(180);
+/// probe (a real vLLM takes about 50 s on two idle cores, several times that
+/// beside other tests), a process to exit.
+const BOUND: Duration = Duration::from_secs(600);
 
 /// A loopback port nothing listens on now: one the system gives a listener
 /// that is closed at once. A server of a test running beside this one
@@ -203,6 +204,25 @@ fn a_gateway_started_before_its_upstream_serves_once_the_upstream_passes() {
     );
     let r = gateway.post_json("/v1/systemone", &systemone());
     assert_eq!(r.status, 200, "{}", r.text());
+}
+
+#[test]
+fn a_gateway_started_before_a_real_vllm_serves_once_it_loaded() {
+    // vLLM's CPU build serving the fixture's float32 copy, started after
+    // the gateway, as compose starts the two.
+    let (gateway, upstream, timeline) =
+        started_before_its_upstream(|port| common::vllm::RealVllm::spawn(port, Some(32)), &[]);
+    assert!(timeline.refused < timeline.upstream_started);
+    assert!(timeline.upstream_started < timeline.healthy);
+    let through = gateway.post_json("/v1/decide", &decision());
+    assert_eq!(through.status, 200, "{}", through.text());
+    let r = gateway.post_json("/v1/systemone", &systemone());
+    assert_eq!(r.status, 200, "{}", r.text());
+    // vLLM's own /health passed before the gateway admitted it.
+    assert_eq!(
+        common::http_get(upstream.port, "/health").unwrap().status,
+        200
+    );
 }
 
 #[test]

@@ -164,3 +164,46 @@ def real_vllm():
     proc = start_vllm(port)
     yield f"http://127.0.0.1:{port}"
     stop_vllm(proc)
+
+
+@pytest.fixture(scope="session")
+def reference_decisio():
+    """The base URL of the reference decisio 0.35.0 serving the fixture on
+    the real vLLM (scripts/vllm-cpu/reference.sh installs it), with the
+    settings it gives a model of the Qwen base (its `families.py`) and no
+    padding (`--pad-to none`, as decisio's MLX backend reads states)."""
+    import signal
+    port = free_port()
+    log = tempfile.NamedTemporaryFile(prefix="decisio-reference-", suffix=".log", delete=False)
+    proc = subprocess.Popen(
+        [str(VLLM_VENV / "bin/python"), "-m", "decisio.serve.vllm_engine", "--base", "qwen3.6-35b-a3b",
+         "--model", str(HF_MODEL), "--model-class", "view", "--served-name", "smollm2",
+         "--max-model-len", "4096", "--pad-to", "none", "--host", "127.0.0.1", "--port", str(port),
+         "--engine", '{"enforce_eager": true, "block_size": 32, "dtype": "float32"}'],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        env={**os.environ, "VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1",
+             "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1"})
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 600
+    try:
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the reference exited: {pathlib.Path(log.name).read_text()[-4000:]}")
+            try:
+                with urllib.request.urlopen(base + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.time() > deadline:
+                raise RuntimeError("the reference did not answer /health within 600 s")
+            time.sleep(0.5)
+        yield base
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=60)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        pathlib.Path(log.name).unlink(missing_ok=True)

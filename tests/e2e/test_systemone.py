@@ -6,6 +6,7 @@ fixture (docs/design/systemone.md)."""
 import asyncio
 import gzip
 import json
+import os
 import re
 import subprocess
 import sys
@@ -139,3 +140,49 @@ def test_jevcompat_finds_the_route_conformant(auth, backend, request):
     if auth:
         assert "SHOULD 15/15" in summary[0], out
     assert report
+
+
+# The reference's prompt-identity requests (scripts/reference/systemone_prompts.py:
+# every type, string/object/array states, Unicode keys, 2 to 255 options).
+REFERENCE_DIR = Path(os.environ.get("DECISIO_REFERENCE_DIR", Path(__file__).resolve().parents[2] / "target/reference"))
+TWO_ENGINES = 40
+
+
+def test_the_reference_decisio_on_vllm_answers_as_decisio_does(server, reference_decisio):
+    """The reference decisio 0.35.0 serving the fixture on vLLM's CPU build
+    and decisio on the MLX backend answer the same System One requests with
+    the same top option and every probability within 1e-3 (two engines: the
+    prompts are the same token for token, tests/systemone.rs), and count the
+    same usage."""
+    data = json.loads((REFERENCE_DIR / "systemone/fixture.json").read_text())
+    asked, worst = 0, 0.0
+
+    def post(base, body, key=None):
+        headers = {"Content-Type": "application/json"}
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        req = urllib.request.Request(base + "/v1/systemone", data=json.dumps(body).encode(), headers=headers)
+        with urllib.request.urlopen(req, timeout=600) as r:
+            return json.loads(r.read())
+
+    for item in data["requests"][:TWO_ENGINES]:
+        body = item["request"]
+        ours, theirs = post(server, body, API_KEY), post(reference_decisio, body)
+        assert ours["usage"] == theirs["usage"], (body, ours["usage"], theirs["usage"])
+        for qid, a in theirs["answers"].items():
+            b = ours["answers"][qid]
+            assert a["type"] == b["type"], qid
+            if a["type"] == "noul":
+                pairs = [(a["noul"], b["noul"])]
+            else:
+                assert a.get("choice") == b.get("choice") or a["type"] == "score", (qid, a, b)
+                assert list(a["probabilities"]) == list(b["probabilities"]), qid
+                top = max(a["probabilities"], key=a["probabilities"].get)
+                assert top == max(b["probabilities"], key=b["probabilities"].get), (qid, a, b)
+                pairs = [(a["probabilities"][k], b["probabilities"][k]) for k in a["probabilities"]]
+            for p, q in pairs:
+                worst = max(worst, abs(p - q))
+                assert abs(p - q) <= 1e-3, (qid, p, q)
+            asked += 1
+    assert asked >= TWO_ENGINES
+    print(f"two engines: {asked} questions in {TWO_ENGINES} requests, largest difference {worst:.2e}")

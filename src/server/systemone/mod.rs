@@ -115,7 +115,10 @@ pub async fn systemone(
             .wire_question_seconds
             .with_label_values(&[kind])
             .observe(per_question);
-        out.insert("x_temperature".into(), json!(answer.temperature));
+        // The temperature as set (1.506), not its float32's widening
+        // (1.50600004196167): the shortest decimal that reads back as it.
+        let temperature: f64 = answer.temperature.to_string().parse().unwrap_or(f64::NAN);
+        out.insert("x_temperature".into(), json!(temperature));
         answers.insert(id.clone(), Value::Object(out));
     }
     let body = json!({
