@@ -496,6 +496,8 @@ fn upstream_faults_are_openai_errors() {
             "--port",
             "0",
         ])
+        .arg("--state-dir")
+        .arg(common::fresh_dir("state"))
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .output()
@@ -850,6 +852,8 @@ fn intent_heads_through_a_head_upstream_match_the_mlx_backend_bit_for_bit() {
         .arg(common::model_dir())
         .args(["--upstream", &mlx.url(), "--head-upstream", &head.url()])
         .args(["--port", "0"])
+        .arg("--state-dir")
+        .arg(common::fresh_dir("state"))
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .output()
