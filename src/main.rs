@@ -61,9 +61,7 @@ fn main() -> Result<()> {
             let record = decisio::suite::run::run(&args)?;
             println!("{}", record.summary());
             if let Some(t) = record.pooled_temperature() {
-                println!(
-                    "pooled fitted temperature: {t:.4} (serve with --temperature {t:.4} to make it the default)"
-                );
+                println!("{}", temperature_hint(t, &args.out));
             }
             eprintln!("the record is in {}", args.out.display());
             Ok(())
@@ -74,5 +72,59 @@ fn main() -> Result<()> {
             }
             Ok(())
         }
+    }
+}
+
+/// The two `decisio serve` argument lists that make a record's pooled
+/// fitted temperature the served default: the value itself, or the record.
+fn temperature_serve_args(t: f64, record: &std::path::Path) -> [Vec<String>; 2] {
+    [
+        vec![
+            "serve".into(),
+            "--letter-temperature".into(),
+            format!("{t:.4}"),
+        ],
+        vec![
+            "serve".into(),
+            "--temperature-from".into(),
+            record.display().to_string(),
+        ],
+    ]
+}
+
+/// What `decisio suite run` prints after the summary when the record has
+/// a pooled fitted temperature.
+fn temperature_hint(t: f64, record: &std::path::Path) -> String {
+    let [by_value, by_record] = temperature_serve_args(t, record);
+    format!(
+        "pooled fitted temperature: {t:.4} (to make it the default: decisio {}, or decisio {})",
+        by_value.join(" "),
+        by_record.join(" ")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The commands the hint names are ones `decisio serve` takes.
+    #[test]
+    fn the_temperature_hint_names_flags_serve_takes() {
+        let record = std::path::Path::new("records/candidate");
+        let hint = temperature_hint(0.8125, record);
+        for args in temperature_serve_args(0.8125, record) {
+            assert!(hint.contains(&args.join(" ")), "{hint}");
+            let argv = std::iter::once("decisio".to_string()).chain(args.iter().cloned());
+            if let Err(e) = Cli::try_parse_from(argv) {
+                panic!("decisio {} does not parse: {e}", args.join(" "));
+            }
+        }
+        assert!(hint.contains("--letter-temperature 0.8125"), "{hint}");
+        assert!(
+            hint.contains("--temperature-from records/candidate"),
+            "{hint}"
+        );
+        // The check bites: a flag serve does not have is refused.
+        assert!(Cli::try_parse_from(["decisio", "serve", "--temperature", "0.8125"]).is_err());
     }
 }

@@ -127,6 +127,8 @@ fn closed_endpoint() -> String {
 fn serve_fails(spec: &str, env: &[(&str, &OsStr)]) -> String {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_decisio"));
     cmd.args(["serve", "--model", spec, "--port", "0"])
+        .arg("--state-dir")
+        .arg(common::fresh_dir("state"))
         .env_remove("HF_HUB_OFFLINE")
         .env_remove("HF_ENDPOINT")
         .env_remove("HF_HUB_CACHE")

@@ -304,3 +304,92 @@ fn the_described_limits_are_the_enforced_ones() {
         );
     }
 }
+
+/// The pattern of a text that must not be blank: a character that is not
+/// whitespace as the server counts it (`decisio::route::decide::is_blank`),
+/// every such character written out (`\S` means other characters in
+/// other regex dialects: ECMA-262's takes U+FEFF as whitespace and U+0085
+/// not, Python's takes U+001C to U+001F).
+fn non_blank_pattern() -> String {
+    use decisio::route::decide::is_blank;
+    let blank: Vec<u32> = (0..=0x10FFFFu32)
+        .filter_map(char::from_u32)
+        .filter(|c| is_blank(&c.to_string()))
+        .map(u32::from)
+        .collect();
+    let mut class = String::new();
+    let mut i = 0;
+    while i < blank.len() {
+        let mut j = i;
+        while j + 1 < blank.len() && blank[j + 1] == blank[j] + 1 {
+            j += 1;
+        }
+        if j - i >= 2 {
+            class += &format!("\\u{:04x}-\\u{:04x}", blank[i], blank[j]);
+        } else {
+            for c in &blank[i..=j] {
+                class += &format!("\\u{c:04x}");
+            }
+        }
+        i = j + 1;
+    }
+    format!("[^{class}]")
+}
+
+/// Every text the server refuses when blank is described with the
+/// non-blank pattern, and no pattern of the description is `\S`: a lone
+/// U+00A0 is blank to both.
+#[test]
+fn every_non_blank_text_is_described_as_the_server_trims() {
+    use decisio::route::decide::is_blank;
+    let pattern = non_blank_pattern();
+    assert_eq!(
+        pattern,
+        r"[^\u0009-\u000d\u0020\u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]"
+    );
+    assert!(is_blank("\u{a0}") && is_blank("\u{85}") && is_blank(" \t\u{3000}\n"));
+    assert!(!is_blank("\u{feff}") && !is_blank("\u{1c}"));
+    let spec = decisio::server::openapi::file();
+    let s = "/components/schemas";
+    for pointer in [
+        format!("{s}/DecideRequest/properties/state/pattern"),
+        format!("{s}/DecideQuestion/properties/text/pattern"),
+        format!("{s}/DecisionOptions/items/pattern"),
+        format!("{s}/TaskRequest/properties/question/pattern"),
+        format!("{s}/TaskRequest/properties/labels/items/pattern"),
+        format!("{s}/TaskRequest/properties/examples/items/properties/state/pattern"),
+    ] {
+        let described = spec.pointer(&pointer).and_then(|p| p.as_str());
+        assert_eq!(
+            described,
+            Some(pattern.as_str()),
+            "{SPEC} {pointer}: the server refuses a blank text there"
+        );
+    }
+    fn patterns(v: &serde_json::Value, at: &str, out: &mut Vec<(String, String)>) {
+        match v {
+            serde_json::Value::Object(m) => {
+                for (k, x) in m {
+                    if let (true, Some(p)) = (k == "pattern", x.as_str()) {
+                        out.push((at.to_string(), p.to_string()));
+                    }
+                    patterns(x, &format!("{at}/{k}"), out);
+                }
+            }
+            serde_json::Value::Array(a) => {
+                for (i, x) in a.iter().enumerate() {
+                    patterns(x, &format!("{at}/{i}"), out);
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut all = Vec::new();
+    patterns(&spec, "", &mut all);
+    for (at, p) in &all {
+        assert!(
+            !p.contains(r"\s") && !p.contains(r"\S"),
+            "{SPEC} {at}: the pattern {p} leaves whitespace to the regex dialect"
+        );
+    }
+}

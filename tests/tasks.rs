@@ -412,6 +412,12 @@ fn bad_registrations_are_refused_naming_the_field() {
     bad(with(json!({"options": null})), "options");
     bad(with(json!({"question": " "})), "question");
     bad(with(json!({"name": "no spaces"})), "name");
+    // Taken as sent, as a decision names it and the description's pattern
+    // has it: surrounding blanks are not trimmed away.
+    bad(with(json!({"name": " yesno"})), "name");
+    // Blank as the server trims (a lone no-break space), as the
+    // description's pattern has it.
+    bad(with(json!({"question": "\u{a0}"})), "question");
     bad(with(json!({"kind": "regression"})), "kind");
     bad(with(json!({"holdout": 1.0})), "holdout");
     bad(with(json!({"seed": -1})), "seed");
@@ -419,6 +425,10 @@ fn bad_registrations_are_refused_naming_the_field() {
     bad(
         with(json!({"examples": [ex(" ", "yes"), ex("b", "no")]})),
         "examples[0].state",
+    );
+    bad(
+        with(json!({"examples": [ex("a", "yes"), ex("\u{a0}", "no")]})),
+        "examples[1].state",
     );
     bad(
         with(json!({"abstention": {"target_accuracy": 0.9, "abstain_below": 0.5}})),

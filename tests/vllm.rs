@@ -508,6 +508,8 @@ fn upstream_faults_are_openai_errors() {
             "--upstream-wait",
             "0",
         ])
+        .arg("--state-dir")
+        .arg(common::fresh_dir("state"))
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .output()
@@ -863,6 +865,8 @@ fn intent_heads_through_a_head_upstream_match_the_mlx_backend_bit_for_bit() {
         .arg(common::model_dir())
         .args(["--upstream", &mlx.url(), "--head-upstream", &head.url()])
         .args(["--port", "0", "--upstream-wait", "0"])
+        .arg("--state-dir")
+        .arg(common::fresh_dir("state"))
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .output()

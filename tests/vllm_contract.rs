@@ -706,6 +706,8 @@ fn a_normalising_head_upstream_is_refused_naming_the_pooler_flag() {
         .arg(common::model_dir())
         .args(["--upstream", &replay.url(), "--head-upstream", &head.url()])
         .args(["--port", "0", "--upstream-wait", "0"])
+        .arg("--state-dir")
+        .arg(common::fresh_dir("state"))
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .output()
@@ -777,6 +779,8 @@ fn a_gateway_given_only_its_upstream_finds_the_model_it_serves() {
             "--port",
             "0",
         ])
+        .arg("--state-dir")
+        .arg(common::fresh_dir("state"))
         .env("HF_HUB_CACHE", &empty)
         .env("HF_HUB_OFFLINE", "1")
         .stdout(std::process::Stdio::null())

@@ -1,16 +1,19 @@
 """Shared by the benchmarks: start servers on loopback, build real prompts,
 time requests, write run records."""
 
+import atexit
 import datetime
 import http.client
 import json
 import os
 import pathlib
 import platform
+import shutil
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -51,7 +54,15 @@ def wait_healthy(port, proc, path="/health", limit=180):
 
 
 def start_decisio(model=MODEL, extra=()):
+    """decisio on a free port; without `--state-dir` in `extra`, with a
+    fresh state folder of its own (removed when this process ends): the
+    default one may be held by a server already running (`make serve`)."""
     port = free_port()
+    extra = list(extra)
+    if "--state-dir" not in extra:
+        state = tempfile.mkdtemp(prefix="decisio-bench-state-")
+        atexit.register(shutil.rmtree, state, ignore_errors=True)
+        extra += ["--state-dir", state]
     proc = subprocess.Popen(
         [str(DECISIO), "serve", "--model", str(model),
          "--served-model-name", "model", "--port", str(port), *extra],

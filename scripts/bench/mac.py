@@ -371,6 +371,9 @@ class Server:
         self.peak_file = None
         self.out = open(self.log, "w")
         self.proc, self.rss = None, None
+        # decisio's own state folder: the default one may be held by a
+        # server already running on this machine (`make serve`).
+        self.state = tempfile.mkdtemp(prefix="decisio-bench-state-") if kind == "decisio" else None
         try:
             self._start(binary, logs, peak_file)
         except BaseException:
@@ -382,7 +385,7 @@ class Server:
         if kind == "decisio":
             self.proc = subprocess.Popen(
                 [str(binary), "serve", "--model", model, "--served-model-name", "model",
-                 "--port", "0"],
+                 "--port", "0", "--state-dir", self.state],
                 stdout=out, stderr=subprocess.STDOUT, env=dict(os.environ, NO_COLOR="1"))
             self.rss = RssPeak(self.proc.pid, peak_file)
             self.port = int(wait_for(LISTENING, self.log, self.proc).group(2))
@@ -453,6 +456,8 @@ class Server:
                 self.proc.kill()
                 self.proc.wait()
         self.out.close()
+        if self.state:
+            shutil.rmtree(self.state, ignore_errors=True)
 
 
 # ---------------------------------------------------------------- cases ---

@@ -10,7 +10,7 @@ use super::body::read_json;
 use super::error::ApiError;
 use super::{new_id, unix_now, AppState};
 use crate::engine::MultiQuestion;
-use crate::route::decide::{check_question, MAX_QUESTIONS};
+use crate::route::decide::{check_question, is_blank, MAX_QUESTIONS};
 use crate::route::{Answer, Decision, Question, State as RouteState};
 use crate::tasks::TaskRegistry;
 
@@ -108,7 +108,7 @@ fn validate(
     tasks: &TaskRegistry,
 ) -> Result<(Vec<Question>, Option<MultiQuestion>)> {
     let mode = multi_question(req.multi_question.as_deref())?;
-    if req.state.trim().is_empty() {
+    if is_blank(&req.state) {
         return Err(ApiError::invalid("state", "the state is empty"));
     }
     if req.questions.is_empty() || req.questions.len() > MAX_QUESTIONS {

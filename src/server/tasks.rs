@@ -9,7 +9,7 @@ use super::body::read_json;
 use super::error::ApiError;
 use super::fields::int;
 use super::AppState;
-use crate::route::decide::check_question;
+use crate::route::decide::{check_question, is_blank};
 use crate::route::Question;
 use crate::settings::Limits;
 use crate::tasks::{Abstention, DrawSpec, Example, Kind, TaskRecord, TaskSpec};
@@ -144,7 +144,9 @@ fn validate(
     backend: &str,
     hint: &str,
 ) -> Result<(TaskSpec, Vec<Example>)> {
-    let name = req.name.trim();
+    // Taken as sent (untrimmed), as decisions name it and as the
+    // description's pattern has it.
+    let name = req.name.as_str();
     if name.is_empty()
         || name.len() > limits.max_task_name_bytes
         || !name
@@ -205,7 +207,7 @@ fn validate(
     let mut counts = vec![0usize; labels.len()];
     let mut examples = Vec::with_capacity(n);
     for (i, e) in req.examples.iter().enumerate() {
-        if e.state.trim().is_empty() {
+        if is_blank(&e.state) {
             return Err(ApiError::invalid(
                 &format!("examples[{i}].state"),
                 "the state is empty",
@@ -342,7 +344,7 @@ fn intent_labels(req: &TaskRequest, limits: &Limits) -> Result<Vec<String>> {
             "an `intent` task takes `labels`; `options` are for `choice` tasks",
         ));
     }
-    if req.question.trim().is_empty() {
+    if is_blank(&req.question) {
         return Err(ApiError::invalid("question", "the question is empty"));
     }
     let labels = req
@@ -362,13 +364,13 @@ fn intent_labels(req: &TaskRequest, limits: &Limits) -> Result<Vec<String>> {
     let mut seen = std::collections::HashSet::new();
     let mut out = Vec::with_capacity(labels.len());
     for (i, l) in labels.iter().enumerate() {
-        let l = l.trim();
-        if l.is_empty() {
+        if is_blank(l) {
             return Err(ApiError::invalid(
                 &format!("labels[{i}]"),
                 "a label is empty",
             ));
         }
+        let l = l.trim();
         if l.len() > limits.max_task_label_bytes {
             return Err(ApiError::invalid(
                 &format!("labels[{i}]"),

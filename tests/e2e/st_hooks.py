@@ -20,6 +20,9 @@ here is listed in docs/design/openapi.md.
    the byte-level tokenizers served here) plus a fixed allowance for the
    template's own tokens fit `DECISIO_ST_CONTEXT`, the server's
    `--max-model-len`.
+5. A stop sequence, and an intent task's label (trimmed), is at most
+   `MAX_TEXT_BYTES` bytes of UTF-8 (the description's `maxLength` counts
+   characters; the server counts bytes).
 """
 
 import json
@@ -33,6 +36,9 @@ CONTEXT = int(os.environ.get("DECISIO_ST_CONTEXT", "4096"))
 PER_MESSAGE = 16
 PER_PROMPT = 64
 PER_OPTION = 8
+# The server's limits in bytes of a stop sequence and of an intent
+# task's label (docs/limits.md).
+MAX_TEXT_BYTES = 256
 
 
 def _positive(case):
@@ -81,7 +87,7 @@ def _decision_question(messages):
 
 @schemathesis.hook
 def filter_case(context, case):
-    """Rules 3 and 4: drop positive draws that break them."""
+    """Rules 3, 4 and 5: drop positive draws that break them."""
     op = context.operation
     if op is None or not _positive(case) or not isinstance(case.body, dict):
         return True
@@ -112,6 +118,8 @@ def filter_case(context, case):
             if state + PER_PROMPT + text > CONTEXT:
                 return False
         return True
+    if path in ("/v1/chat/completions", "/v1/completions") and not _short(body.get("stop")):
+        return False
     if path == "/v1/chat/completions":
         messages = body.get("messages") or []
         prompt = sum(PER_MESSAGE + _bytes(_content(m)) for m in messages) + PER_PROMPT
@@ -135,6 +143,8 @@ def filter_case(context, case):
     if path == "/v1/tasks":
         names = body.get("options") or body.get("labels") or []
         if not _distinct(names) or len(body.get("examples") or []) < len(names):
+            return False
+        if not _short([n.strip() for n in body.get("labels") or [] if isinstance(n, str)]):
             return False
         question = _question(body.get("question"), body.get("options") or [])
         return all(
@@ -175,3 +185,9 @@ def _question(text, options):
 def _distinct(names):
     trimmed = [n.strip() for n in names if isinstance(n, str)]
     return len(set(trimmed)) == len(trimmed)
+
+
+def _short(texts):
+    """Rule 5: every text (one, or a list) within MAX_TEXT_BYTES."""
+    texts = texts if isinstance(texts, list) else [texts]
+    return all(_bytes(t) <= MAX_TEXT_BYTES for t in texts)

@@ -48,6 +48,15 @@ pub const MAX_OPTIONS: usize = crate::route::wire::MAX_LABELS;
 /// Most questions in one request.
 pub const MAX_QUESTIONS: usize = 256;
 
+/// A text is blank when it is empty or whitespace only, whitespace as
+/// `str::trim` counts it (`char::is_whitespace`: Unicode's White_Space,
+/// U+00A0 included). Every field refused when blank is checked with it;
+/// the description's non-blank `pattern` is the class of the characters it
+/// skips (held to it by tests/openapi.rs).
+pub fn is_blank(text: &str) -> bool {
+    text.trim().is_empty()
+}
+
 /// The text of the filler token that pads a state to a block boundary
 /// (`--pad-policy block`): a space, one token in every supported tokenizer
 /// (checked at start).
@@ -139,7 +148,7 @@ fn invalid(param: &str, message: impl Into<String>) -> RouteError {
 
 /// Checks a question's meaning; `param` prefixes the field names.
 pub fn check_question(q: &Question, param: &str) -> Result<(), RouteError> {
-    if q.text.trim().is_empty() {
+    if is_blank(&q.text) {
         return Err(invalid(&format!("{param}.text"), "the question is empty"));
     }
     let n = q.options.len();
@@ -162,7 +171,7 @@ pub fn check_question(q: &Question, param: &str) -> Result<(), RouteError> {
         &q.options[..]
     };
     for (i, option) in options.iter().enumerate() {
-        if option.trim().is_empty() {
+        if is_blank(option) {
             return Err(invalid(
                 &format!("{param}.options[{i}]"),
                 "an option is empty",
