@@ -455,6 +455,10 @@ fn generation_is_forwarded_as_token_id_completions() {
                "temperature": 1, "seed": -2, "logprobs": 0}),
         json!({"model": "smollm2", "prompt": "Once upon a time", "max_tokens": 6,
                "temperature": 1, "seed": i64::MIN, "logprobs": 0}),
+        // The fixture's next token is its end-of-sequence token: a generated
+        // token, listed and counted, passed on as the upstream lists it.
+        json!({"model": "smollm2", "max_tokens": 4, "temperature": 0, "logprobs": 1,
+               "prompt": "<|im_start|>user\nSay OK.<|im_end|>\n<|im_start|>assistant\nOK."}),
     ] {
         let a = mlx.post_json("/v1/completions", &body);
         let b = vllm.post_json("/v1/completions", &body);
@@ -468,6 +472,19 @@ fn generation_is_forwarded_as_token_id_completions() {
         );
         assert_eq!(a["usage"], b["usage"]);
     }
+    let eos = vllm.post_json(
+        "/v1/completions",
+        &json!({"model": "smollm2", "max_tokens": 4,
+        "temperature": 0, "logprobs": 1,
+        "prompt": "<|im_start|>user\nSay OK.<|im_end|>\n<|im_start|>assistant\nOK."}),
+    );
+    let eos = eos.json();
+    assert_eq!(
+        eos["choices"][0]["logprobs"]["tokens"],
+        json!(["<|im_end|>"])
+    );
+    assert_eq!(eos["choices"][0]["text"], "");
+    assert_eq!(eos["usage"]["completion_tokens"], 1);
     let chat = json!({"model": "smollm2", "max_tokens": 5, "temperature": 0,
                       "messages": [{"role": "user", "content": "Say hello."}]});
     let a = mlx.post_json("/v1/chat/completions", &chat).json();

@@ -233,7 +233,9 @@ pub struct GenerateRequest {
     /// Report each prompt token's log-probability and this many alternatives
     /// (for completions with `echo`); `None`: not computed.
     pub prompt_logprobs: Option<usize>,
-    /// Tokens that end the generation (not themselves reported).
+    /// Tokens that end the generation: the one drawn is reported as
+    /// [`GenerateEvent::StopToken`] (counted, with its log-probabilities,
+    /// never turned into text), as vLLM reports it.
     pub stop_token_ids: Vec<u32>,
     /// When not empty, each generated token's alternatives are these ids
     /// (in this order) instead of the `logprobs` most likely ones (vLLM's
@@ -273,6 +275,15 @@ pub enum GenerateEvent {
     /// One entry per prompt token; the first is `None` (nothing precedes it).
     Prompt(Vec<Option<TokenLogprobs>>),
     Token {
+        id: u32,
+        logprobs: Option<TokenLogprobs>,
+    },
+    /// The stop token that ended the generation, with its
+    /// log-probabilities when asked: a generated token (counted, listed in
+    /// log-probabilities) that adds no text, as vLLM keeps it in a
+    /// completion's token ids but not in its text
+    /// (`vllm/v1/engine/detokenizer.py`). `Finished(Stop)` follows.
+    StopToken {
         id: u32,
         logprobs: Option<TokenLogprobs>,
     },

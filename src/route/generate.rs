@@ -216,6 +216,16 @@ impl GenerationStream {
                         return Some(Ok(Output::Delta { text, tokens }));
                     }
                 }
+                GenerateEvent::StopToken { id, logprobs } => {
+                    // Counted and listed, never decoded: vLLM keeps the stop
+                    // token in a completion's token ids and log-probabilities
+                    // but not in its text (`vllm/v1/engine/detokenizer.py`).
+                    self.ids.push(id);
+                    if logprobs.is_some() {
+                        let t = self.token_output(id, logprobs.as_ref());
+                        self.held_tokens.push(t);
+                    }
+                }
                 GenerateEvent::Finished(reason) => {
                     // Whatever the decoder or the stop strings held back.
                     let decoded = self.decoder.finish();

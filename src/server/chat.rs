@@ -552,10 +552,14 @@ async fn generate(state: &AppState, job: TextJob, stream: bool) -> Result<HttpRe
     ));
     Ok(event_stream(
         generation,
-        Some(first),
-        move |first, output| {
+        (Some(first), Vec::new()),
+        move |(first, held), output| {
             let mut out: Vec<Bytes> = first.take().into_iter().collect();
             match output {
+                // Tokens without text (the stop token) ride on the finish chunk, as in vLLM.
+                Output::Delta { text, tokens } if text.is_empty() => {
+                    held.extend(tokens.iter().map(chat_logprob));
+                }
                 Output::Delta { text, tokens } => out.push(sse(&chunk(
                     vec![ChatChunkChoice {
                         index: 0,
@@ -579,7 +583,9 @@ async fn generate(state: &AppState, job: TextJob, stream: bool) -> Result<HttpRe
                         vec![ChatChunkChoice {
                             index: 0,
                             delta: ChatDelta::default(),
-                            logprobs: None,
+                            logprobs: (want_logprobs && !held.is_empty()).then(|| ChatLogprobs {
+                                content: std::mem::take(held),
+                            }),
                             finish_reason: Some(finish_reason.as_str()),
                         }],
                         None,

@@ -332,6 +332,12 @@ pub async fn completions(
                 Output::Prompt(tokens) => {
                     tokens.iter().for_each(|t| builder.push(t));
                 }
+                // Tokens without text (the stop token that ended the
+                // generation) ride on the next chunk, the last: vLLM sends
+                // its stop token with the finish reason.
+                Output::Delta { text, tokens } if text.is_empty() => {
+                    tokens.iter().for_each(|t| builder.push(t));
+                }
                 Output::Delta { text, tokens } => {
                     let mut text = text;
                     if echo_pending {

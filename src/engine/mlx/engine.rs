@@ -479,10 +479,6 @@ fn generate(
         }
         let row = host_row(&model.log_softmax(&hidden)?)?;
         let token = sample::pick(&row, &request.sampling, &mut rng);
-        if request.stop_token_ids.contains(&token) {
-            send(GenerateEvent::Finished(FinishReason::Stop));
-            return Ok(());
-        }
         let logprobs = request.logprobs.map(|k| {
             if request.logprob_token_ids.is_empty() {
                 sample::token_logprobs(&row, token, k)
@@ -490,6 +486,17 @@ fn generate(
                 sample::named_logprobs(&row, token, &request.logprob_token_ids)
             }
         });
+        if request.stop_token_ids.contains(&token) {
+            // A generated token like any other, as vLLM counts and lists
+            // it; the route adds no text for it.
+            if send(GenerateEvent::StopToken {
+                id: token,
+                logprobs,
+            }) {
+                send(GenerateEvent::Finished(FinishReason::Stop));
+            }
+            return Ok(());
+        }
         if !send(GenerateEvent::Token {
             id: token,
             logprobs,

@@ -151,15 +151,23 @@ pub async fn generate(
         0
     };
     for (i, &id) in ids.iter().enumerate().skip(start) {
-        if request.stop_token_ids.contains(&id) {
-            let _ = events
-                .send(Ok(GenerateEvent::Finished(FinishReason::Stop)))
-                .await;
-            return Ok(());
-        }
         let logprobs = request
             .logprobs
             .and_then(|k| entry(i, &request.logprob_token_ids, k));
+        // vLLM lists the stop token that ended its generation among the
+        // generated tokens (and counts it), without its text: passed on so.
+        if request.stop_token_ids.contains(&id) {
+            if events
+                .send(Ok(GenerateEvent::StopToken { id, logprobs }))
+                .await
+                .is_ok()
+            {
+                let _ = events
+                    .send(Ok(GenerateEvent::Finished(FinishReason::Stop)))
+                    .await;
+            }
+            return Ok(());
+        }
         if events
             .send(Ok(GenerateEvent::Token { id, logprobs }))
             .await
