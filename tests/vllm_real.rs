@@ -123,7 +123,7 @@ fn the_cpu_default_block_of_128_is_read_from_its_metrics() {
     let state = state_of(300);
     let first = ok(gw.post_json("/v1/decide", &decide_body(&state)));
     let tokens = first["state"]["tokens"].as_u64().unwrap();
-    assert!(tokens % 128 != 0, "{first}");
+    assert!(!tokens.is_multiple_of(128), "{first}");
     assert_eq!(first["state"]["cached"], false, "{first}");
     let other = json!({"state": state, "questions": [
         {"text": "Where did the parcel leave from?", "options": ["the depot", "a shop"]}]});

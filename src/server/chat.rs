@@ -447,11 +447,9 @@ fn decision(
         },
     };
     check_question(&question, "decisio")?;
+    let state_needed = "a decision needs a state: at least one message before the question";
     if messages.len() < 2 {
-        return Err(ApiError::invalid(
-            "messages",
-            "a decision needs a state: at least one message before the question",
-        ));
+        return Err(ApiError::invalid("messages", state_needed));
     }
     Ok((RouteState::Messages(messages[..last].to_vec()), question))
 }
