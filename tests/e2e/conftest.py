@@ -170,15 +170,16 @@ def real_vllm():
 def reference_decisio():
     """The base URL of the reference decisio 0.35.0 serving the fixture on
     the real vLLM (scripts/vllm-cpu/reference.sh installs it), with the
-    settings it gives a model of the Qwen base (its `families.py`) and no
-    padding (`--pad-to none`, as decisio's MLX backend reads states)."""
+    settings it gives a model of the Qwen base (its `families.py`), no
+    padding (`--pad-to none`, as decisio's MLX backend reads states) and
+    the fixture's whole context (8192 tokens, as decisio serves it)."""
     import signal
     port = free_port()
     log = tempfile.NamedTemporaryFile(prefix="decisio-reference-", suffix=".log", delete=False)
     proc = subprocess.Popen(
         [str(VLLM_VENV / "bin/python"), "-m", "decisio.serve.vllm_engine", "--base", "qwen3.6-35b-a3b",
          "--model", str(HF_MODEL), "--model-class", "view", "--served-name", "smollm2",
-         "--max-model-len", "4096", "--pad-to", "none", "--host", "127.0.0.1", "--port", str(port),
+         "--max-model-len", "8192", "--pad-to", "none", "--host", "127.0.0.1", "--port", str(port),
          "--engine", '{"enforce_eager": true, "block_size": 32, "dtype": "float32"}'],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         env={**os.environ, "VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1",

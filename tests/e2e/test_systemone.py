@@ -142,7 +142,8 @@ def test_jevcompat_finds_the_route_conformant(auth, backend, request):
     assert report
 
 
-# The reference's prompt-identity requests (scripts/reference/systemone_prompts.py:
+# The reference's prompt-identity requests (target/reference/systemone/fixture.json, a list of
+# {request, questions, input_tokens} from scripts/reference/systemone_prompts.py:
 # every type, string/object/array states, Unicode keys, 2 to 255 options).
 REFERENCE_DIR = Path(os.environ.get("DECISIO_REFERENCE_DIR", Path(__file__).resolve().parents[2] / "target/reference"))
 TWO_ENGINES = 40
@@ -165,7 +166,7 @@ def test_the_reference_decisio_on_vllm_answers_as_decisio_does(server, reference
         with urllib.request.urlopen(req, timeout=600) as r:
             return json.loads(r.read())
 
-    for item in data["requests"][:TWO_ENGINES]:
+    for item in data[:TWO_ENGINES]:
         body = item["request"]
         ours, theirs = post(server, body, API_KEY), post(reference_decisio, body)
         assert ours["usage"] == theirs["usage"], (body, ours["usage"], theirs["usage"])
