@@ -28,7 +28,12 @@ def start_server(args):
     on http://ADDR` on its standard error) and answers /health. The
     readiness check therefore always reaches this process, never another
     server that happens to hold a port guessed free. Its log goes on to
-    this process's standard error."""
+    this process's standard error. Without `--state-dir` in ARGS it is
+    given a temporary state folder."""
+    if "--state-dir" not in args:
+        # A state folder of its own: never the default one, which a running
+        # `make serve` may hold.
+        args = [*args, "--state-dir", tempfile.mkdtemp(prefix="decisio-e2e-state-")]
     proc = subprocess.Popen(
         [str(BIN), "serve", *args, "--port", "0"],
         stdout=subprocess.DEVNULL,

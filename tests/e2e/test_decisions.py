@@ -123,7 +123,7 @@ def test_top_logprobs_stay_numbers_at_a_low_temperature(client):
 
 
 @pytest.mark.parametrize("decisio, kw, param", [
-    ({"options": [f"option {i}" for i in range(27)]}, {}, "decisio.options"),
+    ({"options": [f"option {i}" for i in range(256)]}, {}, "decisio.options"),
     ({"options": ["yes", "no", "yes"]}, {}, "decisio.options[2]"),
     ({"options": ["yes", ""]}, {}, "decisio.options[1]"),
     ({"options": ["yes"]}, {}, "decisio.options"),
