@@ -16,7 +16,7 @@ DENSE_MODEL := $(DECISIO_CACHE)/models/smollm2-135m-instruct-dense
 OPENBLAS := $(wildcard /usr/lib/$(shell gcc -dumpmachine 2>/dev/null)/libopenblas.so.0)
 PORT ?= 8000
 
-.PHONY: vllm-real setup serve test check-targets gate reference reference-cached reference-logits cargo-test e2e lint bench bench-tasks ci-time schemathesis bench-mac bench-profile
+.PHONY: setup serve test check-targets gate reference reference-cached reference-logits cargo-test e2e lint bench bench-tasks ci-time schemathesis bench-mac bench-profile
 
 setup:
 	@bash scripts/setup.sh
@@ -61,13 +61,6 @@ check-targets: setup
 # gateway; each gated, into runs/<today>_gates (docs/gates.md).
 gate: setup
 	python3 scripts/gate_records.py
-
-# The run record of the vLLM backend against a real vLLM (vLLM's CPU build):
-# its start, the parity gates, the real-vLLM tests with their times, the
-# fault run and the start-before-the-upstream timeline, into
-# runs/<today>_vllm-real (scripts/vllm_real_record.py).
-vllm-real: reference
-	python3 scripts/vllm_real_record.py
 
 # Every stage, timed: setup, reference, rust, e2e (scripts/test.sh).
 test:
