@@ -892,3 +892,63 @@ fn intent_heads_through_a_head_upstream_match_the_mlx_backend_bit_for_bit() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("the head upstream failed its probe"), "{err}");
 }
+
+/// A task registered from a System One question, on the MLX backend and on
+/// the vLLM backend in front of it: the same fitted temperature, and the
+/// wire question of its identity answered alike with the task applied.
+#[test]
+fn a_systemone_task_is_fitted_and_applied_alike_on_both_backends() {
+    let mlx = Server::start(&[]);
+    let vllm = gateway(&[&mlx], &["--pad-policy", "none"]);
+    let text = std::fs::read_to_string(common::asset("mmlu.jsonl")).unwrap();
+    let rows: Vec<Value> = text
+        .lines()
+        .step_by(41)
+        .take(16)
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let state = |r: &Value| {
+        format!(
+            "{}\nA. {}\nB. {}\nC. {}\nD. {}",
+            r["question"].as_str().unwrap(),
+            r["answer_a"].as_str().unwrap(),
+            r["answer_b"].as_str().unwrap(),
+            r["answer_c"].as_str().unwrap(),
+            r["answer_d"].as_str().unwrap()
+        )
+    };
+    let question = json!({"type": "choice", "instructions": "Which answer is correct?",
+                          "criteria": {"A": null, "B": null, "C": null, "D": null}});
+    let examples: Vec<Value> = rows
+        .iter()
+        .map(|r| json!({"state": state(r), "label": r["correct_answer"]}))
+        .collect();
+    let body = json!({"name": "exam", "systemone": question, "examples": examples,
+                      "holdout": 0.25, "seed": 2});
+    let (a, b) = (register_ready(&mlx, &body), register_ready(&vllm, &body));
+    let (ta, tb) = (
+        a["result"]["temperature"].as_f64().unwrap(),
+        b["result"]["temperature"].as_f64().unwrap(),
+    );
+    assert!((ta - tb).abs() < 1e-4 * ta, "{ta} vs {tb}");
+    for r in &rows[..4] {
+        let ask = json!({"state": state(r), "questions": {"q": question}});
+        let (x, y) = (
+            mlx.post_json("/v1/systemone", &ask).json(),
+            vllm.post_json("/v1/systemone", &ask).json(),
+        );
+        let (x, y) = (&x["answers"]["q"], &y["answers"]["q"]);
+        assert_eq!(
+            (&x["x_task"], &y["x_task"]),
+            (&json!("exam"), &json!("exam"))
+        );
+        assert_eq!(x["choice"], y["choice"], "{x} vs {y}");
+        for k in ["A", "B", "C", "D"] {
+            let (p, q) = (
+                x["probabilities"][k].as_f64().unwrap(),
+                y["probabilities"][k].as_f64().unwrap(),
+            );
+            assert!((p - q).abs() < 1e-5, "{x} vs {y}");
+        }
+    }
+}

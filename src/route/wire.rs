@@ -36,7 +36,8 @@ pub const ANSWER_PREFILL: &str = "Answer:";
 pub const YES_NO_LABELS: [&str; 2] = [" yes", " no"];
 
 /// How a wire question is asked.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum WireAsk {
     /// Lettered options (choice and score questions, and yes/no questions
     /// asked as a two-option choice).

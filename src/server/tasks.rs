@@ -8,11 +8,13 @@ use serde::{Deserialize, Serialize};
 use super::body::read_json;
 use super::error::ApiError;
 use super::fields::int;
+use super::systemone::{parse_one, state_text, task_identity, to_asked, Asked, Kind as WireKind};
 use super::AppState;
 use crate::route::decide::{check_question, is_blank};
+use crate::route::wire::{NoulRendering, WireAsk};
 use crate::route::Question;
 use crate::settings::Limits;
-use crate::tasks::{Abstention, DrawSpec, Example, Kind, TaskRecord, TaskSpec};
+use crate::tasks::{Abstention, DrawSpec, Example, Kind, TaskRecord, TaskSpec, WireTask};
 
 type Result<T> = std::result::Result<T, ApiError>;
 
@@ -23,7 +25,12 @@ pub struct TaskRequest {
     pub name: String,
     /// `choice` (the default) or `intent`.
     pub kind: Option<String>,
-    pub question: String,
+    /// The question (with `options` or `labels`); or `systemone` instead.
+    pub question: Option<String>,
+    /// A System One question (`{type, instructions?, criteria}`) in place
+    /// of `question` and `options`/`labels`: the task applies to the
+    /// `/v1/systemone` questions of its identity.
+    pub systemone: Option<serde_json::Value>,
     /// The options of a choice task.
     pub options: Option<Vec<String>>,
     /// The labels of an intent task.
@@ -61,8 +68,12 @@ pub struct TaskHeadOut {
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TaskExampleIn {
-    pub state: String,
-    /// One of the task's options (or labels), verbatim after trimming.
+    /// A string; a System One task's may also be an object or an array,
+    /// shown as the wire shows its states.
+    pub state: serde_json::Value,
+    /// One of the task's options (or labels), verbatim after trimming; a
+    /// System One task's answer key (an option's key, a level's index
+    /// `0`..`n-1`, or `yes`/`no`).
     pub label: String,
 }
 
@@ -83,6 +94,12 @@ pub struct TaskOut {
     pub status: crate::tasks::Status,
     pub created: u64,
     pub question: String,
+    /// A task registered from a System One question: that question, and
+    /// its answer keys.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub systemone: Option<serde_json::Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub keys: Option<Vec<String>>,
     /// A choice task's options.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub options: Option<Vec<String>>,
@@ -143,6 +160,7 @@ fn validate(
     layers: Option<usize>,
     backend: &str,
     hint: &str,
+    noul: NoulRendering,
 ) -> Result<(TaskSpec, Vec<Example>)> {
     // Taken as sent (untrimmed), as decisions name it and as the
     // description's pattern has it.
@@ -171,10 +189,23 @@ fn validate(
             ))
         }
     };
+    let wire =
+        match &req.systemone {
+            Some(v) => Some(wire_task(req, v, kind, noul)?),
+            None if req.question.is_none() => return Err(ApiError::invalid(
+                "question",
+                "a task needs `question` (with `options` or `labels`), or a `systemone` question",
+            )),
+            None => None,
+        };
     let (labels, field, head_layer, draws) = match kind {
         Kind::Choice => {
             choice_only(req)?;
-            (choice_options(req)?, "options", None, None)
+            let options = match &wire {
+                Some((_, asked)) => asked.options.clone(),
+                None => choice_options(req)?,
+            };
+            (options, "options", None, None)
         }
         Kind::Intent => {
             let Some(layers) = layers else {
@@ -186,13 +217,22 @@ fn validate(
                     ),
                 ));
             };
+            let labels = match &wire {
+                Some((_, asked)) => asked.options.clone(),
+                None => intent_labels(req, limits)?,
+            };
             (
-                intent_labels(req, limits)?,
+                labels,
                 "labels",
                 head_layer(req, layers)?,
                 draws(req, limits)?,
             )
         }
+    };
+    // A System One task's examples are labelled by answer key.
+    let (keys, field) = match &wire {
+        Some((_, asked)) => (&asked.keys, "answer keys"),
+        None => (&labels, field),
     };
     let n = req.examples.len();
     if n < 2 || n > limits.max_task_examples {
@@ -207,13 +247,8 @@ fn validate(
     let mut counts = vec![0usize; labels.len()];
     let mut examples = Vec::with_capacity(n);
     for (i, e) in req.examples.iter().enumerate() {
-        if is_blank(&e.state) {
-            return Err(ApiError::invalid(
-                &format!("examples[{i}].state"),
-                "the state is empty",
-            ));
-        }
-        let label = labels
+        let state = example_state(&e.state, wire.is_some(), i)?;
+        let label = keys
             .iter()
             .position(|l| l == e.label.trim())
             .ok_or_else(|| {
@@ -223,18 +258,19 @@ fn validate(
                 )
             })?;
         counts[label] += 1;
-        examples.push(Example {
-            state: e.state.clone(),
-            label,
-        });
+        examples.push(Example { state, label });
     }
     if let Some(j) = counts.iter().position(|&c| c == 0) {
+        let param = match &wire {
+            Some(_) => "examples".to_string(),
+            None => format!("{field}[{j}]"),
+        };
         return Err(ApiError::invalid(
-            &format!("{field}[{j}]"),
+            &param,
             format!(
                 "the {} `{}` has no example",
                 &field[..field.len() - 1],
-                labels[j]
+                keys[j]
             ),
         ));
     }
@@ -274,13 +310,22 @@ fn validate(
         TaskSpec {
             name: name.to_string(),
             kind,
-            question: req.question.trim().to_string(),
+            question: match &wire {
+                Some((_, asked)) => asked.instructions.clone(),
+                None => req
+                    .question
+                    .as_deref()
+                    .unwrap_or_default()
+                    .trim()
+                    .to_string(),
+            },
             labels,
             holdout,
             seed,
             abstention,
             head_layer,
             draws,
+            wire: wire.map(|(task, _)| task),
         },
         examples,
     ))
@@ -314,7 +359,7 @@ fn choice_options(req: &TaskRequest) -> Result<Vec<String>> {
         .ok_or_else(|| ApiError::invalid("options", "a `choice` task needs `options`"))?;
     let probe = Question {
         id: None,
-        text: req.question.clone(),
+        text: req.question.clone().unwrap_or_default(),
         options,
         abstain_below: None,
         temperature: None,
@@ -344,7 +389,7 @@ fn intent_labels(req: &TaskRequest, limits: &Limits) -> Result<Vec<String>> {
             "an `intent` task takes `labels`; `options` are for `choice` tasks",
         ));
     }
-    if is_blank(&req.question) {
+    if is_blank(req.question.as_deref().unwrap_or_default()) {
         return Err(ApiError::invalid("question", "the question is empty"));
     }
     let labels = req
@@ -453,6 +498,86 @@ fn draws(req: &TaskRequest, limits: &Limits) -> Result<Option<DrawSpec>> {
     }
 }
 
+/// The smallest choice an intent task takes from a System One question
+/// (`MIN_OPTIONS_FOR_HEAD` of the reference's `decisio/serve/tasks.py`):
+/// fewer options are a choice task's.
+pub const MIN_INTENT_OPTIONS: usize = 10;
+
+/// A System One task's question: its wire form and how the wire asks it,
+/// or a 400 naming the field. `question`, `options` and `labels` are the
+/// wire question's own, so they are refused beside it.
+fn wire_task(
+    req: &TaskRequest,
+    v: &serde_json::Value,
+    kind: Kind,
+    noul: NoulRendering,
+) -> Result<(WireTask, Asked)> {
+    for (set, field) in [
+        (req.question.is_some(), "question"),
+        (req.options.is_some(), "options"),
+        (req.labels.is_some(), "labels"),
+    ] {
+        if set {
+            return Err(ApiError::invalid(
+                field,
+                format!(
+                    "a task registered from a `systemone` question takes its instructions and \
+                     options from it; leave `{field}` out"
+                ),
+            ));
+        }
+    }
+    let q = parse_one("systemone", v.clone()).map_err(|(p, m)| ApiError::invalid(&p, m))?;
+    let asked = to_asked(&q, noul);
+    if asked.ask == WireAsk::YesNoWords {
+        return Err(ApiError::invalid(
+            "systemone.criteria",
+            "this yes/no question is asked in words (its two sides read alike, or the server \
+             asks yes/no in words), which a task does not take; describe its sides differently",
+        ));
+    }
+    if kind == Kind::Intent
+        && (q.kind != WireKind::Choice || asked.options.len() < MIN_INTENT_OPTIONS)
+    {
+        return Err(ApiError::invalid(
+            "kind",
+            format!(
+                "an `intent` task takes a `choice` of {MIN_INTENT_OPTIONS} or more options; \
+                 register this question as a `choice` task"
+            ),
+        ));
+    }
+    let task = WireTask {
+        ask: asked.ask.clone(),
+        keys: asked.keys.clone(),
+        identity: task_identity(&q, &asked, noul),
+        question: v.clone(),
+    };
+    Ok((task, asked))
+}
+
+/// An example's state as the task reads it: a string, or (a System One
+/// task's) an object or an array shown as the wire shows them.
+fn example_state(state: &serde_json::Value, wire: bool, i: usize) -> Result<String> {
+    let param = format!("examples[{i}].state");
+    let text = match state {
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Object(_) | serde_json::Value::Array(_) if wire => state_text(state),
+        _ => {
+            let what = if wire {
+                "a string, an object or an array"
+            } else {
+                "a string"
+            };
+            return Err(ApiError::invalid(&param, format!("a state is {what}")));
+        }
+    };
+    if is_blank(&text) {
+        return Err(ApiError::invalid(&param, "the state is empty"));
+    }
+    Ok(text)
+}
+
 fn task_out(r: &TaskRecord) -> TaskOut {
     TaskOut {
         id: r.id.clone(),
@@ -462,6 +587,8 @@ fn task_out(r: &TaskRecord) -> TaskOut {
         status: r.status,
         created: r.created,
         question: r.spec.question.clone(),
+        systemone: r.spec.wire.as_ref().map(|w| w.question.clone()),
+        keys: r.spec.wire.as_ref().map(|w| w.keys.clone()),
         options: (r.spec.kind == Kind::Choice).then(|| r.spec.labels.clone()),
         labels: (r.spec.kind == Kind::Intent).then(|| r.spec.labels.clone()),
         head: (r.spec.kind == Kind::Intent).then(|| TaskHeadOut {
@@ -489,7 +616,14 @@ pub async fn create_task(
     state.ready()?;
     let layers = state.route.engine().hidden_layers();
     let caps = state.route.engine().capabilities();
-    let (spec, examples) = validate(&body, &state.limits, layers, caps.name, caps.hidden_hint)?;
+    let (spec, examples) = validate(
+        &body,
+        &state.limits,
+        layers,
+        caps.name,
+        caps.hidden_hint,
+        state.route.wire.noul,
+    )?;
     let tasks = state.tasks.clone();
     // Writing the examples to the state folder syncs the disk: off the
     // server's threads.

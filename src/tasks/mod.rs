@@ -124,6 +124,43 @@ pub struct TaskSpec {
     /// Heads fitted on draws of few examples per label (intent tasks).
     #[serde(default)]
     pub draws: Option<DrawSpec>,
+    /// Registered from a System One question: applied to the wire's
+    /// questions with its identity (`None`: asked by name on
+    /// `/v1/decide`).
+    #[serde(default)]
+    pub wire: Option<WireTask>,
+}
+
+/// A task registered from a System One question (`POST /v1/tasks` with
+/// `systemone`): how the wire asks it, its answer keys and its identity.
+/// The spec's `question` and `labels` are the question as asked (its
+/// instructions and shown options).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WireTask {
+    /// How a choice task's examples and questions are asked (an intent
+    /// task is asked as its instructions alone, as on `/v1/decide`).
+    pub ask: crate::route::wire::WireAsk,
+    /// The answer keys, in the order asked (option keys, `0`..`n-1`, or
+    /// `no` and `yes`).
+    pub keys: Vec<String>,
+    /// The question's identity: the sha256 of its type, options in order
+    /// and instructions as the reference decisio keys a task
+    /// (`decisio/serve/tasks.py`, `task_key`).
+    pub identity: String,
+    /// The wire question as registered (shown by `GET /v1/tasks`).
+    pub question: serde_json::Value,
+}
+
+impl TaskSpec {
+    /// How the task's questions are put to the model: a System One choice
+    /// task's in the wire's layout (its examples were read so); an intent
+    /// task's, and a task asked by name, in decisio's own.
+    pub fn asked_on_wire(&self) -> Option<crate::route::wire::WireAsk> {
+        match (&self.wire, self.kind) {
+            (Some(w), Kind::Choice) => Some(w.ask.clone()),
+            _ => None,
+        }
+    }
 }
 
 /// `draws` heads, each fitted on `shots` examples per label.

@@ -249,6 +249,41 @@ impl TaskRegistry {
                      POST /v1/tasks or give `options` instead"
                 ),
             })?;
+        if record.spec.wire.is_some() {
+            return Err(TaskError::Invalid {
+                param: param.to_string(),
+                message: format!(
+                    "the task `{name}` was registered from a System One question and applies \
+                     to that question on POST /v1/systemone; ask it there"
+                ),
+            });
+        }
+        let mut question = self.applied(record, param)?;
+        question.id = id;
+        question.abstain_below = abstain_below.or(question.abstain_below);
+        question.temperature = temperature.or(question.temperature);
+        Ok(question)
+    }
+
+    /// The task a System One question of `identity` matches, as the
+    /// question it asks and the task's name: a ready task registered from
+    /// a question of that identity on this model (the newest, when several
+    /// are). A question no such task matches is answered as it is.
+    pub fn wire_question(&self, identity: &str) -> Option<(Question, String)> {
+        let tasks = self.lock();
+        let record = tasks
+            .values()
+            .filter(|r| r.spec.wire.as_ref().is_some_and(|w| w.identity == identity))
+            .filter(|r| r.status == Status::Ready)
+            .max_by_key(|r| r.created)?;
+        let question = self.applied(record, "systemone").ok()?;
+        Some((question, record.spec.name.clone()))
+    }
+
+    /// The question a ready task asks: its question and options, its
+    /// fitted temperature and threshold, its head; or why it cannot answer.
+    fn applied(&self, record: &TaskRecord, param: &str) -> Result<Question, TaskError> {
+        let name = &record.spec.name;
         let report = match (&record.report, record.status) {
             (Some(r), Status::Ready) => r,
             (_, status) => {
@@ -302,14 +337,13 @@ impl TaskRegistry {
             }
         };
         Ok(Question {
-            id,
+            id: None,
             text: record.spec.question.clone(),
             options: record.spec.labels.clone(),
-            abstain_below: abstain_below
-                .or_else(|| report.abstention.as_ref().and_then(|a| a.abstain_below)),
-            temperature: temperature.or(Some(report.temperature)),
+            abstain_below: report.abstention.as_ref().and_then(|a| a.abstain_below),
+            temperature: Some(report.temperature),
             head,
-            wire: None,
+            wire: record.spec.asked_on_wire(),
         })
     }
 }

@@ -129,7 +129,7 @@ impl TaskRegistry {
             abstain_below: None,
             temperature: None,
             head: None,
-            wire: None,
+            wire: spec.asked_on_wire(),
         };
         let (mut last_save, mut last_log) = (Instant::now(), Instant::now());
         for i in resumed..examples.len() {

@@ -8,8 +8,10 @@ keeps these rules; negative cases reach the server as drawn. Every rule
 here is listed in docs/design/openapi.md.
 
 1. A task registration's example labels are among its options (a `choice`
-   task) or labels (an `intent` task), and every option has an example
-   (so there are at least as many examples as options).
+   task) or labels (an `intent` task), or a System One task's answer keys,
+   and every option has an example (so there are at least as many
+   examples as options); a System One task's object states show a key
+   (one not starting with `_`).
 2. The question of a chat decision is the last message, the user's, and
    is not blank.
 3. No two options (or labels) are equal after trimming whitespace.
@@ -60,11 +62,29 @@ def map_case(context, case):
     return case
 
 
+def _wire_keys(question):
+    """A System One question's answer keys, in the order asked."""
+    if not isinstance(question, dict):
+        return []
+    criteria = question.get("criteria")
+    if question.get("type") == "choice" and isinstance(criteria, dict):
+        return list(criteria)
+    if question.get("type") == "score" and isinstance(criteria, list):
+        return [str(i) for i in range(len(criteria))]
+    return ["no", "yes"] if question.get("type") == "noul" else []
+
+
+def _task_names(body):
+    if "systemone" in body:
+        return _wire_keys(body["systemone"])
+    kind = body.get("kind") or "choice"
+    return body.get("labels") if kind == "intent" else body.get("options")
+
+
 def _task_labels(body):
     """Rule 1: each example's label becomes a name of the task, in turn,
     so that every name has an example where there are enough examples."""
-    kind = body.get("kind") or "choice"
-    names = body.get("labels") if kind == "intent" else body.get("options")
+    names = _task_names(body)
     examples = body.get("examples")
     if not isinstance(names, list) or not names or not isinstance(examples, list):
         return
@@ -140,6 +160,14 @@ def filter_case(context, case):
         inputs = body.get("input")
         inputs = inputs if isinstance(inputs, list) and inputs and not isinstance(inputs[0], int) else [inputs]
         return all((len(i) if isinstance(i, list) else _bytes(i) + 2) <= CONTEXT for i in inputs)
+    if path == "/v1/tasks" and "systemone" in body:
+        keys = _wire_keys(body["systemone"])
+        examples = [e for e in body.get("examples") or [] if isinstance(e, dict)]
+        if len(examples) < len(keys):
+            return False
+        question = _json_bytes(body["systemone"]) + PER_PROMPT + PER_OPTION * len(keys)
+        return all(_shown(e.get("state")) and _json_bytes(e.get("state")) + question <= CONTEXT
+                   for e in examples)
     if path == "/v1/tasks":
         names = body.get("options") or body.get("labels") or []
         if not _distinct(names) or len(body.get("examples") or []) < len(names):
@@ -167,6 +195,11 @@ def _json_bytes(value):
     if isinstance(value, str):
         return _bytes(value)
     return _bytes(json.dumps(value, ensure_ascii=False))
+
+
+def _shown(state):
+    """Rule 1: an object state shows at least one key."""
+    return not isinstance(state, dict) or any(not k.startswith("_") for k in state)
 
 
 def _content(message):

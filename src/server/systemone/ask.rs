@@ -231,6 +231,56 @@ pub fn to_asked(q: &WireQuestion, noul: NoulRendering) -> Asked {
     }
 }
 
+/// A question's task identity, as the reference decisio keys its tasks
+/// (`task_key` of `decisio/serve/tasks.py`): the sha256 of the JSON of its
+/// type and options in order (a choice: each key with its description), with
+/// the instructions for yes/no and score questions, and the yes/no
+/// rendering when one is asked as letters; keys sorted, non-ASCII kept. A
+/// registered task applies to exactly the questions of its identity.
+pub fn task_identity(q: &WireQuestion, asked: &Asked, noul: NoulRendering) -> String {
+    use sha2::{Digest, Sha256};
+    let instructions = json!(q.instructions.as_ref().map(render_text).unwrap_or_default());
+    let mut spec = match &q.criteria {
+        Criteria::Choice(options) => json!({
+            "type": "choice",
+            "options": options
+                .iter()
+                .map(|(k, d)| json!([k, d.as_ref().map(render_text).unwrap_or_default()]))
+                .collect::<Vec<_>>(),
+        }),
+        Criteria::Score(levels) => json!({
+            "type": "score",
+            "options": levels.iter().map(render_text).collect::<Vec<_>>(),
+            "instructions": instructions,
+        }),
+        Criteria::Noul { yes, no } => {
+            let side = |d: &Option<Value>| d.as_ref().map(render_text).unwrap_or_default();
+            let criteria = (yes.is_some() || no.is_some()).then(|| json!([side(yes), side(no)]));
+            json!({"type": "noul", "criteria": criteria, "instructions": instructions})
+        }
+    };
+    if q.kind == Kind::Noul && asked.ask == WireAsk::Letters {
+        let rendering = match noul {
+            NoulRendering::LettersKeys => "letters-keys",
+            _ => "letters",
+        };
+        spec["rendering"] = json!(rendering);
+    }
+    // `json.dumps(spec, ensure_ascii=False, sort_keys=True)`
+    let canonical = JsonOptions {
+        ensure_ascii: false,
+        indent: None,
+        separators: None,
+        sort_keys: true,
+    };
+    let text = json_dumps(&minijinja::Value::from_serialize(&spec), &canonical)
+        .unwrap_or_else(|_| spec.to_string());
+    Sha256::digest(text.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 /// TypeSafe's confidence of a choice: `(max p − 1/n) / (1 − 1/n)`.
 pub fn choice_confidence(p: &[f64]) -> f64 {
     let n = p.len() as f64;
@@ -370,6 +420,54 @@ mod tests {
             "subject: x\ncustomer: {'plan': 'pro', 'n': 3}"
         );
         assert_eq!(state_text(&json!(["a", "b"])), "['a', 'b']");
+    }
+
+    /// The identities the reference decisio 0.35.0 gives the same
+    /// questions (`task_key` of `decisio/serve/tasks.py` with its
+    /// `render_text`, yes/no asked as `letters-keys`), computed in its venv.
+    #[test]
+    fn task_identities_are_the_reference_task_keys() {
+        let cases = [
+            (
+                json!({"type": "choice", "instructions": "Which team?",
+                       "criteria": {"billing": "Money matters, é", "shipping": null, "tech": {"a": [1, 2]}}}),
+                "299db3e2add2d7ae8adc46188618979522e0bf585ed0e321290591353648a698",
+            ),
+            (
+                json!({"type": "score", "instructions": "How urgent?", "criteria": ["low", "mid", {"x": 1}]}),
+                "b526f7486d9b8cff8e4af901a0876a8ea7c6450523d66ab2b7610d2978c50585",
+            ),
+            (
+                json!({"type": "noul", "instructions": "Refund?", "criteria": {"true": "wants money back"}}),
+                "5c020678354e6c2adba6a0a44f9aca8c599b9fe4f26a92ca6f0291457b399799",
+            ),
+            (
+                json!({"type": "noul", "criteria": null}),
+                "544dfe5248b50433a0217368755b07f4fe1577365ebe82a97ee5cc3b685a40fd",
+            ),
+        ];
+        for (q, want) in cases {
+            let q = question(q);
+            let a = to_asked(&q, NoulRendering::LettersKeys);
+            assert_eq!(task_identity(&q, &a, NoulRendering::LettersKeys), want);
+        }
+        // Instructions are no part of a choice's identity; descriptions are.
+        let a = question(
+            json!({"type": "choice", "instructions": "One?", "criteria": {"x": "1", "y": "2"}}),
+        );
+        let b = question(
+            json!({"type": "choice", "instructions": "Two?", "criteria": {"x": "1", "y": "2"}}),
+        );
+        let c = question(json!({"type": "choice", "criteria": {"x": "1", "y": "3"}}));
+        let id = |q: &WireQuestion| {
+            task_identity(
+                q,
+                &to_asked(q, NoulRendering::Letters),
+                NoulRendering::Letters,
+            )
+        };
+        assert_eq!(id(&a), id(&b));
+        assert_ne!(id(&a), id(&c));
     }
 
     #[test]

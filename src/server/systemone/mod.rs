@@ -29,10 +29,11 @@ use serde::Serialize;
 use serde_json::{json, Map, Value};
 
 pub use self::ask::{
-    choice_confidence, render_text, score_confidence, state_text, to_asked, wire_answer, Asked,
+    choice_confidence, render_text, score_confidence, state_text, task_identity, to_asked,
+    wire_answer, Asked,
 };
 pub use self::error::{wire_shaped, Detail, WireError};
-pub use self::request::{parse_request, Criteria, Kind, WireQuestion, WireRequest};
+pub use self::request::{parse_one, parse_request, Criteria, Kind, WireQuestion, WireRequest};
 use super::error::ApiError;
 use super::AppState;
 use crate::prompt::python::CivilTime;
@@ -74,26 +75,49 @@ pub async fn systemone(
         .iter()
         .map(|(_, q)| to_asked(q, settings.noul))
         .collect();
+    // A registered task of the question's identity answers it with its
+    // temperature, threshold or head (`tasks`); the others are asked with
+    // the base's temperature of their type.
+    let tasks: Vec<Option<(Question, String)>> = request
+        .questions
+        .iter()
+        .zip(&asked)
+        .map(|((_, q), a)| {
+            state
+                .tasks
+                .wire_question(&task_identity(q, a, settings.noul))
+        })
+        .collect();
     let questions: Vec<Question> = request
         .questions
         .iter()
         .zip(&asked)
-        .map(|((id, q), a)| Question {
-            id: Some(id.clone()),
-            text: a.instructions.clone(),
-            options: a.options.clone(),
-            abstain_below: None,
-            temperature: Some(settings.temperature_of(q.kind == Kind::Choice)),
-            head: None,
-            wire: Some(a.ask.clone()),
+        .zip(&tasks)
+        .map(|(((id, q), a), task)| match task {
+            Some((question, _)) => Question {
+                id: Some(id.clone()),
+                ..question.clone()
+            },
+            None => Question {
+                id: Some(id.clone()),
+                text: a.instructions.clone(),
+                options: a.options.clone(),
+                abstain_below: None,
+                temperature: Some(settings.temperature_of(q.kind == Kind::Choice)),
+                head: None,
+                wire: Some(a.ask.clone()),
+            },
         })
         .collect();
     let state_text = state_text(&request.state);
     let mut input_tokens = state.route.count_tokens(&state_text)?;
     for q in &questions {
-        input_tokens += state
-            .route
-            .count_tokens(&state.route.wire_question_text(q)?)?;
+        // An intent task's question is its instructions alone.
+        let text = match q.head {
+            Some(_) => q.text.clone(),
+            None => state.route.wire_question_text(q)?,
+        };
+        input_tokens += state.route.count_tokens(&text)?;
     }
     let started = std::time::Instant::now();
     let decision = state
@@ -102,8 +126,20 @@ pub async fn systemone(
         .await?;
     let per_question = started.elapsed().as_secs_f64() / request.questions.len() as f64;
     let mut answers = Map::new();
-    for (((id, q), a), answer) in request.questions.iter().zip(&asked).zip(&decision.answers) {
+    for ((((id, q), a), answer), task) in request
+        .questions
+        .iter()
+        .zip(&asked)
+        .zip(&decision.answers)
+        .zip(&tasks)
+    {
         let mut out = wire_answer(q, a, answer);
+        if let Some((question, name)) = task {
+            out.insert("x_task".into(), json!(name));
+            if question.abstain_below.is_some() {
+                out.insert("x_abstained".into(), json!(answer.abstained));
+            }
+        }
         let kind = q.kind.as_str();
         state
             .metrics

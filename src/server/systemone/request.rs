@@ -153,6 +153,28 @@ pub fn parse_request(body: &[u8]) -> Result<WireRequest, Vec<Detail>> {
     }
 }
 
+/// One System One question outside a request (a task's registration):
+/// the question, or the first fault as `(param, message)` with `param` the
+/// field's path under `field` (`systemone.criteria`).
+pub fn parse_one(field: &str, q: Value) -> Result<WireQuestion, (String, String)> {
+    parse_question("", q).map_err(|faults| {
+        let d = &faults[0];
+        // `body.questions.<id>[.<type>].<field>`: the part after the id.
+        let rest: Vec<String> = d
+            .loc
+            .iter()
+            .skip(3)
+            .filter_map(|v| v.as_str())
+            .filter(|s| !["noul", "choice", "score"].contains(s))
+            .map(str::to_string)
+            .collect();
+        let param = std::iter::once(field.to_string())
+            .chain(rest)
+            .collect::<Vec<_>>();
+        (param.join("."), d.msg.clone())
+    })
+}
+
 pub(super) fn parse_question(id: &str, q: Value) -> Result<WireQuestion, Vec<Detail>> {
     let Value::Object(mut q) = q else {
         return Err(vec![detail(
