@@ -46,6 +46,8 @@ CACHE = Path(os.environ.get("DECISIO_CACHE", Path.home() / ".cache/decisio"))
 # the model card's `root` names it as a server of the hub's model would.
 REPO = "HuggingFaceTB/SmolLM2-135M-Instruct"
 LETTERS = list(range(49, 75))
+# The version recorded (set by main), named in every exchange's `source`.
+VERSION = {"vllm": "unknown"}
 
 
 def free_port():
@@ -171,7 +173,7 @@ def exchange(e, name, source, match=None, direct=False):
         "name": name,
         "request": request,
         "response": response,
-        "source": source,
+        "source": f"recorded from vLLM {VERSION['vllm']}; {source}",
     }
 
 
@@ -327,6 +329,7 @@ def main():
         if not need.exists():
             sys.exit(f"{need} is missing; run `{how}`")
     version = vllm_version(args.vllm_venv)
+    VERSION["vllm"] = version.split("+")[0]
     out_dir = args.out or ROOT / "tests/fixtures/vllm_contract" / version.split("+")[0]
     work = Path(tempfile.mkdtemp(prefix="decisio-record-"))
     (work / REPO).parent.mkdir(parents=True)
