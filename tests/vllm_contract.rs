@@ -728,6 +728,17 @@ fn image_content_parts_are_passed_through_to_the_upstream_chat_route() {
         "--upstream",
         &text_only.url(),
     ]);
+    // The gateway serves once one upstream passed its probe; the other
+    // joins when its own passes (until then an image finds no upstream
+    // that takes it: a 503).
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while [replay.url(), text_only.url()]
+        .iter()
+        .any(|u| metric(&fleet, "decisio_upstream_ejected", u) != 0.0)
+    {
+        assert!(std::time::Instant::now() < deadline, "both never admitted");
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let probes = text_only.chats().len();
     for i in 0..6 {
         let asked = json!([{"role": "user", "content": [

@@ -179,19 +179,20 @@ struct Settled {
 }
 
 impl Inner {
-    /// Why chat completions with images are refused: every probed upstream
-    /// refused the probe's image (its answer is quoted). `None` while one
-    /// takes images; image requests are routed among those alone.
+    /// Why chat completions with images are refused: every upstream was
+    /// probed and refused the probe's image (its answer is quoted). `None`
+    /// while one takes images, or one is not probed yet (it may: until it
+    /// is, image requests find no upstream that takes them and get a 503
+    /// to retry); image requests are routed among those that take images.
     fn image_refusal(&self) -> Option<String> {
-        let probed: Vec<Probed> = self
-            .pool
-            .upstreams
+        let probed: Vec<Option<Probed>> = self.pool.upstreams.iter().map(|u| u.probed()).collect();
+        if probed
             .iter()
-            .filter_map(|u| u.probed())
-            .collect();
-        if probed.iter().any(|p| p.image_refusal.is_none()) {
+            .any(|p| p.as_ref().is_none_or(|p| p.image_refusal.is_none()))
+        {
             return None;
         }
+        let probed: Vec<Probed> = probed.into_iter().flatten().collect();
         let first = probed.first()?;
         Some(format!(
             "the upstream's model `{}` takes no images (it answered the gateway's image probe \
