@@ -20,6 +20,14 @@
 //! finite) and an intent task of 3 labels registered, polled until ready
 //! and asked (one of the labels; probabilities over the labels that sum to
 //! 1; a head as wide as the hidden state). No base refuses any of them.
+//!
+//! The System One matrix: for each base, its tiny conversion served on MLX
+//! and through the vLLM backend in front of that server answers one
+//! request of every question type (yes/no, a choice of 3 and one of 255
+//! options, a score) on an object state with the same answers on both
+//! backends; every one of the 255 letter codes is one token of the tiny
+//! tokenizer, as of the family's own, and `/v1/decide` takes 255 options
+//! too.
 
 mod common;
 
@@ -710,4 +718,114 @@ fn gemma_4_12b_serves_every_route_feature() {
 #[test]
 fn gemma_4_31b_serves_every_route_feature() {
     route_features("gemma-4-31b", "gemma4_31b-6bit", "tokenizer-gemma3");
+}
+
+/// One System One request on the base's tiny conversion, on MLX and through
+/// the vLLM backend in front of it: every type answered, keyed as sent, and
+/// the same on both backends (within 1e-5: the gateway's softmax of the
+/// upstream's log-probabilities as sent over JSON).
+fn systemone_matrix(base: &str, model: &str, tokenizer: &str) {
+    let mlx = serve(base, model, tokenizer, &[]);
+    let url = mlx.url();
+    let vllm = serve(
+        base,
+        model,
+        tokenizer,
+        &[
+            "--backend",
+            "vllm",
+            "--upstream",
+            &url,
+            "--pad-policy",
+            "none",
+        ],
+    );
+    // Short keys: a tiny tokenizer spends a token per byte of text.
+    let many: serde_json::Map<String, Value> =
+        (0..255).map(|i| (format!("s{i}"), Value::Null)).collect();
+    let body = json!({
+        "state": {"customer": "Ada", "message": "My parcel never came and I want a refund.", "_id": 7},
+        "questions": {
+            "refund": {"type": "noul", "instructions": "Does Ada want a refund?",
+                       "criteria": {"true": "she asks for money back"}},
+            "team": {"type": "choice", "instructions": "Which team handles this?",
+                     "criteria": {"billing": "payments and refunds", "shipping": null, "legal": null}},
+            "shelf": {"type": "choice", "instructions": "Which shelf held the parcel?",
+                      "criteria": many},
+            "anger": {"type": "score", "instructions": "How angry is Ada?",
+                      "criteria": ["calm", "annoyed", "angry", "furious", "livid"]},
+        }
+    });
+    let ask = |s: &Server| {
+        let r = s.post_json("/v1/systemone", &body);
+        assert_eq!(r.status, 200, "{base}: {}", r.text());
+        r.json()
+    };
+    let (a, b) = (ask(&mlx), ask(&vllm));
+    assert_eq!(a["usage"], b["usage"], "{base}");
+    for id in ["refund", "team", "shelf", "anger"] {
+        let (x, y) = (&a["answers"][id], &b["answers"][id]);
+        assert_eq!(x["type"], body["questions"][id]["type"], "{base} {id}: {x}");
+        if id == "refund" {
+            let (p, q) = (finite(&x["noul"]), finite(&y["noul"]));
+            assert!((p - q).abs() < 1e-5, "{base} {id}: {x} vs {y}");
+            continue;
+        }
+        let (p, q) = (
+            x["probabilities"].as_object().unwrap(),
+            y["probabilities"].as_object().unwrap(),
+        );
+        let keys: Vec<String> = match body["questions"][id]["criteria"].as_object() {
+            Some(c) => c.keys().cloned().collect(),
+            None => (0..5).map(|i| i.to_string()).collect(),
+        };
+        assert_eq!(p.keys().cloned().collect::<Vec<_>>(), keys, "{base} {id}");
+        let total: f64 = p.values().map(finite).sum();
+        assert!((total - 1.0).abs() < 1e-6, "{base} {id}: {total}");
+        for k in &keys {
+            assert!(
+                (finite(&p[k]) - finite(&q[k])).abs() < 1e-5,
+                "{base} {id} {k}: {x} vs {y}"
+            );
+        }
+        let top = p.values().map(finite).fold(f64::NEG_INFINITY, f64::max);
+        if let Some(choice) = x["choice"].as_str() {
+            assert_eq!(finite(&p[choice]), top, "{base} {id}: {x}");
+            assert_eq!(x["choice"], y["choice"], "{base} {id}");
+        }
+    }
+    // /v1/decide takes the same 255 options, lettered up to the 255th code.
+    let options: Vec<String> = (0..255).map(|i| format!("s{i}")).collect();
+    let asked = json!({"state": body["state"]["message"], "questions": [
+        {"text": "Which shelf held the parcel?", "options": options}]});
+    let (x, y) = (decide(&mlx, &asked), decide(&vllm, &asked));
+    let (x, y) = (&x["answers"][0], &y["answers"][0]);
+    assert_eq!(x["probabilities"].as_object().unwrap().len(), 255, "{base}");
+    assert_eq!(x["letter"], y["letter"], "{base}");
+    for (k, v) in x["probabilities"].as_object().unwrap() {
+        assert!(
+            (finite(v) - finite(&y["probabilities"][k])).abs() < 1e-5,
+            "{base} {k}"
+        );
+    }
+    println!(
+        "{base} on {model}: System One answered alike on both backends: team {}, shelf {}, score {:.3}",
+        a["answers"]["team"]["choice"], a["answers"]["shelf"]["choice"],
+        finite(&a["answers"]["anger"]["score"])
+    );
+}
+
+#[test]
+fn qwen3_6_35b_a3b_answers_system_one_alike_on_both_backends() {
+    systemone_matrix("qwen3.6-35b-a3b", "qwen3_5_moe-6bit", "tokenizer-qwen3");
+}
+
+#[test]
+fn gemma_4_12b_answers_system_one_alike_on_both_backends() {
+    systemone_matrix("gemma-4-12b", "gemma4_12b-6bit", "tokenizer-gemma3");
+}
+
+#[test]
+fn gemma_4_31b_answers_system_one_alike_on_both_backends() {
+    systemone_matrix("gemma-4-31b", "gemma4_31b-6bit", "tokenizer-gemma3");
 }
