@@ -16,7 +16,7 @@ DENSE_MODEL := $(DECISIO_CACHE)/models/smollm2-135m-instruct-dense
 OPENBLAS := $(wildcard /usr/lib/$(shell gcc -dumpmachine 2>/dev/null)/libopenblas.so.0)
 PORT ?= 8000
 
-.PHONY: setup serve test check-targets gate reference reference-cached reference-logits cargo-test e2e lint bench bench-tasks ci-time schemathesis bench-mac bench-profile record-vllm
+.PHONY: setup serve test check-targets gate reference reference-cached reference-logits cargo-test e2e lint bench bench-tasks ci-time schemathesis bench-mac bench-profile record-vllm bench-systemone
 
 setup:
 	@bash scripts/setup.sh
@@ -92,12 +92,21 @@ ci-time:
 # server; the latter is built once from the llama-cpp-python source
 # distribution into $(DECISIO_CACHE)/llama.cpp-<version>
 # (scripts/bench/llama_server.sh: cmake and g++, about 15 minutes on 2 cores).
+# The System One benchmark (scripts/bench/systemone.py) puts 50 questions on
+# one 3,000-token document through both of decisio's backends beside the
+# reference decisio on vLLM's CPU build (needs `make reference` for the
+# fixture's float32 folder).
 bench: setup
 	$(PYTHON) scripts/bench/first_token.py
 	$(PYTHON) scripts/bench/cpu_kernels.py
 	$(PYTHON) scripts/bench/host_kernels.py
 	$(PYTHON) scripts/bench/decide.py
+	$(MAKE) bench-systemone
 	$(MAKE) bench-tasks
+
+bench-systemone: setup reference-cached
+	cargo build --release --locked --bin decisio
+	$(PYTHON) scripts/bench/systemone.py
 
 # decisio against mlx_lm.server on the same MLX conversions: a new state, a
 # seen state, 100 questions on one state, peak memory at 8k/16k/32k tokens;

@@ -23,15 +23,7 @@ fn mmlu_examples(n: usize) -> Vec<Value> {
         .take(n)
         .map(|line| {
             let r: Value = serde_json::from_str(line).unwrap();
-            let state = format!(
-                "{}\nA. {}\nB. {}\nC. {}\nD. {}",
-                r["question"].as_str().unwrap(),
-                r["answer_a"].as_str().unwrap(),
-                r["answer_b"].as_str().unwrap(),
-                r["answer_c"].as_str().unwrap(),
-                r["answer_d"].as_str().unwrap()
-            );
-            json!({"state": state, "label": r["correct_answer"]})
+            json!({"state": common::mmlu_lettered(&r), "label": r["correct_answer"]})
         })
         .collect()
 }
@@ -77,6 +69,14 @@ fn wait_for(s: &Server, id: &str, stall: Duration, done: impl Fn(&Value) -> bool
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+/// Waits until the task leaves `queued` and `running` (failing when it
+/// stops moving for `stall`); the task.
+fn settled(s: &Server, id: &str, stall: Duration) -> Value {
+    wait_for(s, id, stall, |t| {
+        t["status"] != "queued" && t["status"] != "running"
+    })
 }
 
 fn register(s: &Server, body: &Value) -> String {
@@ -178,9 +178,7 @@ fn a_choice_task_is_calibrated_and_served() {
     let p = &during["progress"];
     assert!(p["rate"].as_f64().unwrap() > 0.0 && p["eta_seconds"].as_f64().unwrap() >= 0.0);
 
-    let ready = wait_for(&s, &id, Duration::from_secs(600), |t| {
-        t["status"] != "running" && t["status"] != "queued"
-    });
+    let ready = settled(&s, &id, Duration::from_secs(600));
     assert_eq!(ready["status"], "ready", "{ready}");
     assert_eq!(ready["progress"]["done"], 48);
     let result = &ready["result"];
@@ -767,9 +765,7 @@ fn an_intent_task_over_mmlu_subjects_is_fitted_persisted_and_served() {
     });
     let started = Instant::now();
     let id = register(&s, &body);
-    let t = wait_for(&s, &id, Duration::from_secs(900), |t| {
-        t["status"] != "queued" && t["status"] != "running"
-    });
+    let t = settled(&s, &id, Duration::from_secs(900));
     assert_eq!(t["status"], "ready", "{t}");
     eprintln!(
         "57-subject intent task: {} examples registered in {:.1} s",
@@ -1122,9 +1118,7 @@ fn a_systemone_task_applies_to_the_wire_questions_of_its_identity() {
         "holdout": 0.25, "seed": 3, "abstention": {"abstain_below": 0.4}
     });
     let id = register(&s, &body);
-    let t = wait_for(&s, &id, Duration::from_secs(600), |t| {
-        t["status"] != "running" && t["status"] != "queued"
-    });
+    let t = settled(&s, &id, Duration::from_secs(600));
     assert_eq!(t["status"], "ready", "{t}");
     assert_eq!(t["systemone"], wire_question(options));
     assert_eq!(t["keys"], json!(["A", "B", "C", "D"]));
@@ -1249,9 +1243,7 @@ fn systemone_registrations_are_refused_naming_the_field() {
         "examples": [{"state": {"message": "give my money back"}, "label": "yes"},
                      {"state": {"message": "thanks, all good"}, "label": "no"}]});
     let id = register(&s, &body);
-    let t = wait_for(&s, &id, Duration::from_secs(300), |t| {
-        t["status"] != "queued" && t["status"] != "running"
-    });
+    let t = settled(&s, &id, Duration::from_secs(300));
     assert_eq!(t["status"], "ready", "{t}");
     assert_eq!(t["keys"], json!(["no", "yes"]));
     let answers = ask_wire(
@@ -1292,9 +1284,7 @@ fn an_intent_task_answers_a_systemone_choice_of_over_a_hundred_options() {
                       "examples": examples, "holdout": 0.2, "seed": 1});
     let started = Instant::now();
     let id = register(&s, &body);
-    let t = wait_for(&s, &id, Duration::from_secs(900), |t| {
-        t["status"] != "queued" && t["status"] != "running"
-    });
+    let t = settled(&s, &id, Duration::from_secs(900));
     assert_eq!(t["status"], "ready", "{t}");
     eprintln!(
         "120-label wire intent task: {} examples in {:.1} s",

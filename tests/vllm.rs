@@ -907,16 +907,7 @@ fn a_systemone_task_is_fitted_and_applied_alike_on_both_backends() {
         .take(16)
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    let state = |r: &Value| {
-        format!(
-            "{}\nA. {}\nB. {}\nC. {}\nD. {}",
-            r["question"].as_str().unwrap(),
-            r["answer_a"].as_str().unwrap(),
-            r["answer_b"].as_str().unwrap(),
-            r["answer_c"].as_str().unwrap(),
-            r["answer_d"].as_str().unwrap()
-        )
-    };
+    let state = common::mmlu_lettered;
     let question = json!({"type": "choice", "instructions": "Which answer is correct?",
                           "criteria": {"A": null, "B": null, "C": null, "D": null}});
     let examples: Vec<Value> = rows

@@ -31,6 +31,20 @@ pub fn model_dir() -> PathBuf {
 }
 
 /// The test assets fetched by `make setup` (scripts/fetch-assets.sh).
+/// An MMLU row (`mmlu.jsonl`) as a state: its question and its four
+/// answers lettered A to D.
+pub fn mmlu_lettered(r: &serde_json::Value) -> String {
+    let text = |k: &str| r[k].as_str().unwrap_or_default().to_string();
+    format!(
+        "{}\nA. {}\nB. {}\nC. {}\nD. {}",
+        text("question"),
+        text("answer_a"),
+        text("answer_b"),
+        text("answer_c"),
+        text("answer_d")
+    )
+}
+
 pub fn asset(name: &str) -> PathBuf {
     let dir = std::env::var_os("DECISIO_ASSETS")
         .map(PathBuf::from)

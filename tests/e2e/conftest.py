@@ -148,7 +148,8 @@ def start_vllm(port, block_size=32):
 
 
 def stop_vllm(proc):
-    """Ends every process of a server `start_vllm` started."""
+    """Ends every process of a server `start_vllm` or `start_reference`
+    started."""
     import signal
     try:
         os.killpg(proc.pid, signal.SIGTERM)
@@ -171,45 +172,46 @@ def real_vllm():
     stop_vllm(proc)
 
 
-@pytest.fixture(scope="session")
-def reference_decisio():
-    """The base URL of the reference decisio 0.35.0 serving the fixture on
-    the real vLLM (scripts/vllm-cpu/reference.sh installs it), with the
-    settings it gives a model of the Qwen base (its `families.py`), no
-    padding (`--pad-to none`, as decisio's MLX backend reads states) and
-    the fixture's whole context (8192 tokens, as decisio serves it)."""
-    import signal
-    port = free_port()
+def start_reference(port, pad_to="none"):
+    """Starts the reference decisio 0.35.0 serving the fixture on its own
+    vLLM (scripts/vllm-cpu/reference.sh installs it) in a process group of
+    its own, with the settings it gives a model of the Qwen base (its
+    `families.py`) and the fixture's whole context (8192 tokens, as
+    decisio serves it); `pad_to` None keeps its default padding (the state
+    front-padded with newlines to its block of 32). Returns the process once
+    /health answers; stop it with `stop_vllm`."""
     log = tempfile.NamedTemporaryFile(prefix="decisio-reference-", suffix=".log", delete=False)
+    pad = [] if pad_to is None else ["--pad-to", pad_to]
     proc = subprocess.Popen(
         [str(VLLM_VENV / "bin/python"), "-m", "decisio.serve.vllm_engine", "--base", "qwen3.6-35b-a3b",
          "--model", str(HF_MODEL), "--model-class", "view", "--served-name", "smollm2",
-         "--max-model-len", "8192", "--pad-to", "none", "--host", "127.0.0.1", "--port", str(port),
+         "--max-model-len", "8192", *pad, "--host", "127.0.0.1", "--port", str(port),
          "--engine", '{"enforce_eager": true, "block_size": 32, "dtype": "float32"}'],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         env={**os.environ, "VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1",
              "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1"})
-    base = f"http://127.0.0.1:{port}"
+    proc.log = log.name
     deadline = time.time() + 600
-    try:
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"the reference exited: {pathlib.Path(log.name).read_text()[-4000:]}")
-            try:
-                with urllib.request.urlopen(base + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.time() > deadline:
-                raise RuntimeError("the reference did not answer /health within 600 s")
-            time.sleep(0.5)
-        yield base
-    finally:
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the reference exited: {pathlib.Path(log.name).read_text()[-4000:]}")
         try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=60)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        pathlib.Path(log.name).unlink(missing_ok=True)
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                if r.status == 200:
+                    return proc
+        except OSError:
+            pass
+        if time.time() > deadline:
+            stop_vllm(proc)
+            raise RuntimeError("the reference did not answer /health within 600 s")
+        time.sleep(0.5)
+
+
+@pytest.fixture(scope="session")
+def reference_decisio():
+    """The base URL of the reference decisio serving the fixture without
+    padding (`--pad-to none`, as decisio's MLX backend reads states)."""
+    port = free_port()
+    proc = start_reference(port)
+    yield f"http://127.0.0.1:{port}"
+    stop_vllm(proc)
