@@ -212,6 +212,9 @@ def main():
         lines.append(f"| {name} | {n['median']:.2f} ({n['min']:.2f} to {n['max']:.2f}) |"
                      f" {ratios[name]['new']:.2f} | {s['median']:.2f} ({s['min']:.2f} to"
                      f" {s['max']:.2f}) | {ratios[name]['seen']:.2f} |")
+    lines += ["", "On MLX a state's prefix-cache entry keeps the answers already read on it, so the"
+              " same questions again are looked up, not computed (the seen-state figure); vLLM"
+              " caches the state's blocks but computes every question's last positions again."]
     lines += ["", "Same top answer as the reference on the first timed document (of 50):"]
     lines += [f"- {name}: {k}" for name, k in agree.items()]
     lines += ["", "`times.png`: the medians (wire: `/v1/systemone`; decide: `/v1/decide`;"
