@@ -400,3 +400,76 @@ fn every_non_blank_text_is_described_as_the_server_trims() {
         );
     }
 }
+
+/// Every integer a request may carry is bounded in the description, so a
+/// client (or a schema-driven fuzzer) never sends a number the server's
+/// 64-bit fields cannot hold; `TokenId`'s bound is the served model's.
+#[test]
+fn every_integer_a_request_carries_is_bounded() {
+    use serde_json::Value;
+    fn walk(
+        spec: &Value,
+        node: &Value,
+        at: String,
+        seen: &mut BTreeSet<String>,
+        loose: &mut Vec<String>,
+    ) {
+        match node {
+            Value::Object(map) => {
+                if let Some(r) = map.get("$ref").and_then(Value::as_str) {
+                    if seen.insert(r.to_string()) {
+                        let target = spec.pointer(r.trim_start_matches('#')).unwrap_or_else(|| {
+                            panic!("{SPEC}: {at} refers to {r}, which is missing")
+                        });
+                        walk(spec, target, r.to_string(), seen, loose);
+                    }
+                }
+                let ty = map.get("type");
+                let integer = ty == Some(&Value::from("integer"))
+                    || ty
+                        .and_then(Value::as_array)
+                        .is_some_and(|t| t.contains(&Value::from("integer")));
+                let bounded = ["maximum", "exclusiveMaximum", "const", "enum"]
+                    .iter()
+                    .any(|k| map.contains_key(*k));
+                if integer && !bounded && !at.ends_with("/TokenId") {
+                    loose.push(at.clone());
+                }
+                for (k, v) in map {
+                    // `if`/`then`/`else`/`not` refine a property defined
+                    // (and bounded) beside them.
+                    if !["if", "then", "else", "not", "$ref"].contains(&k.as_str()) {
+                        walk(spec, v, format!("{at}/{k}"), seen, loose);
+                    }
+                }
+            }
+            Value::Array(items) => {
+                for (i, v) in items.iter().enumerate() {
+                    walk(spec, v, format!("{at}/{i}"), seen, loose);
+                }
+            }
+            _ => {}
+        }
+    }
+    let spec = decisio::server::openapi::file();
+    let mut seen = BTreeSet::new();
+    let mut loose = Vec::new();
+    for (path, item) in spec["paths"].as_object().expect("paths") {
+        for (method, op) in item.as_object().expect("path item") {
+            if let Some(body) = op.get("requestBody") {
+                walk(
+                    &spec,
+                    body,
+                    format!("{method} {path}"),
+                    &mut seen,
+                    &mut loose,
+                );
+            }
+        }
+    }
+    assert!(
+        loose.is_empty(),
+        "{SPEC}: these request integers have no `maximum`; give each the bound of the \
+         field that reads it (int64: 9223372036854775807): {loose:#?}"
+    );
+}
