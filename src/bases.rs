@@ -658,7 +658,10 @@ mod tests {
             assert_eq!(f.slot, AnswerSlot::Template, "{name}");
             assert_eq!(f.variants, LabelVariants::Summed, "{name}");
             assert_eq!(f.layout, Layout::Header, "{name}");
-            assert!(!f.bare_codes(), "{name}: summed forms keep the spaced codes");
+            assert!(
+                !f.bare_codes(),
+                "{name}: summed forms keep the spaced codes"
+            );
         }
         let qwen = by_name("qwen3.6-35b-a3b").unwrap().wire;
         assert_eq!(qwen, WireSettings::SERVED);

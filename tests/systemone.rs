@@ -6,10 +6,12 @@
 mod common;
 
 use common::{asset, model_dir, reference_file, Response, Server};
+use decisio::bases;
 use decisio::prompt::{ChatTemplate, TextTokenizer};
 use decisio::route::decide::{render_wire, Question, State};
 use decisio::route::wire::{
-    letter_codes, question_text, split_ids, WireAsk, WireSettings, YES_NO_LABELS,
+    label_forms, layout_header, letter_codes, one_token_codes, question_text, split_ids,
+    LabelVariants, Layout, NoulRendering, PromptFormat, WireAsk, WireSettings, YES_NO_LABELS,
 };
 use decisio::server::systemone::{parse_request, state_text, to_asked};
 use serde_json::{json, Value};
@@ -262,8 +264,15 @@ fn an_api_key_is_asked_for_in_the_wires_shape() {
     assert_eq!(r.status, 200, "{}", r.text());
 }
 
-#[test]
-fn prompts_are_the_reference_decisios_token_for_token() {
+/// Builds decisio's System One prompts for the reference's requests in
+/// `folder` (`systemone/` for the Qwen format, `systemone/gemma/` for the
+/// Gemma bases') under `settings`, and compares them with the reference
+/// decisio's id for id: the state's prefix, each question's ids, its label
+/// ids (every form of a label under summed forms) and `usage.input_tokens`.
+/// Returns the requests and questions compared.
+fn check_reference_prompts(folder: &str, settings: &WireSettings) -> (usize, usize) {
+    let format = settings.format;
+    let (mut requests, mut questions) = (0, 0);
     for (name, dir) in [
         ("fixture", model_dir()),
         ("qwen3", asset("qwen3")),
@@ -273,20 +282,35 @@ fn prompts_are_the_reference_decisios_token_for_token() {
         let template =
             ChatTemplate::from_tokenizer_config(dir.join("tokenizer_config.json")).unwrap();
         let encode = |text: &str| tokenizer.encode(text, false).unwrap();
-        let codes = letter_codes(&tokenizer);
+        let codes = if format.bare_codes() {
+            one_token_codes(&tokenizer, "")
+        } else {
+            letter_codes(&tokenizer)
+        };
         assert_eq!(codes.len(), 255, "{name}: letter codes");
-        let file = reference_file(&format!("systemone/{name}.json"));
+        let file = reference_file(&format!("{folder}{name}.json"));
         let entries: Vec<Value> =
             serde_json::from_str(&std::fs::read_to_string(file).unwrap()).unwrap();
         let mut asked_of = std::collections::BTreeMap::<String, usize>::new();
         for entry in &entries {
             let request = parse_request(entry["request"].to_string().as_bytes()).unwrap();
             let text = state_text(&request.state);
-            let state = State::Text(text.clone());
+            let asked: Vec<_> = request
+                .questions
+                .iter()
+                .map(|(_, q)| to_asked(q, settings.noul))
+                .collect();
             let mut counted = encode(&text).len();
-            for (id, q) in &request.questions {
+            let state = match format.layout {
+                Layout::Plain => State::Text(text.clone()),
+                Layout::Header => {
+                    let header = layout_header(asked.iter().map(|a| a.instructions.trim()));
+                    counted += encode(&header).len();
+                    State::Text(format!("{header}{text}"))
+                }
+            };
+            for ((id, q), asked) in request.questions.iter().zip(&asked) {
                 let want = &entry["questions"][id];
-                let asked = to_asked(q, WireSettings::SERVED.noul);
                 assert_eq!(json!(asked.keys), want["keys"], "{name} {id}");
                 let n = asked.options.len();
                 let names: Vec<String> =
@@ -300,7 +324,8 @@ fn prompts_are_the_reference_decisios_token_for_token() {
                     head: None,
                     wire: Some(asked.ask.clone()),
                 };
-                let r = render_wire(&template, &state, &question, &asked.ask, &names).unwrap();
+                let r =
+                    render_wire(&template, &state, &question, &asked.ask, &names, &format).unwrap();
                 let (mut ids, own) = split_ids(&tokenizer, &r.prefix, &r.suffix).unwrap();
                 assert_eq!(
                     json!(ids.len()),
@@ -315,11 +340,19 @@ fn prompts_are_the_reference_decisios_token_for_token() {
                     r.prefix,
                     r.suffix
                 );
-                let labels: Vec<u32> = match asked.ask {
-                    WireAsk::Letters => codes[..n].iter().map(|(_, t)| *t).collect(),
-                    WireAsk::YesNoWords => YES_NO_LABELS.iter().map(|l| encode(l)[0]).collect(),
+                let labels: Vec<String> = match asked.ask {
+                    WireAsk::Letters => names.clone(),
+                    WireAsk::YesNoWords => YES_NO_LABELS.iter().map(|l| l.trim().into()).collect(),
                 };
-                assert_eq!(json!(labels), want["labels"], "{name} {id}: label ids");
+                let forms: Vec<Vec<u32>> = labels
+                    .iter()
+                    .map(|l| label_forms(&tokenizer, l, &format).unwrap())
+                    .collect();
+                let got = match format.variants {
+                    LabelVariants::Single => json!(forms.concat()),
+                    LabelVariants::Summed => json!(forms),
+                };
+                assert_eq!(got, want["labels"], "{name} {id}: label ids");
                 counted += encode(&question_text(
                     &asked.ask,
                     &asked.instructions,
@@ -328,12 +361,14 @@ fn prompts_are_the_reference_decisios_token_for_token() {
                 ))
                 .len();
                 *asked_of.entry(q.kind.as_str().to_string()).or_default() += 1;
+                questions += 1;
             }
             assert_eq!(
                 json!(counted),
                 entry["input_tokens"],
                 "{name}: usage.input_tokens"
             );
+            requests += 1;
         }
         for kind in ["noul", "choice", "score"] {
             assert!(
@@ -343,6 +378,28 @@ fn prompts_are_the_reference_decisios_token_for_token() {
             );
         }
     }
+    (requests, questions)
+}
+
+#[test]
+fn prompts_are_the_reference_decisios_token_for_token() {
+    let (requests, questions) = check_reference_prompts("systemone/", &WireSettings::SERVED);
+    eprintln!("the Qwen format: {requests} requests, {questions} questions alike");
+}
+
+#[test]
+fn gemma_prompts_are_the_reference_decisios_token_for_token() {
+    // The Gemma bases' format (a system turn, the template's answer slot,
+    // every form of a label summed, the header layout), on the Gemma
+    // tokenizer and, as further templates, the fixture's and Qwen3's.
+    for base in ["gemma-4-12b", "gemma-4-31b"] {
+        let settings = bases::by_name(base).unwrap().wire;
+        assert_eq!(settings.format, PromptFormat::GEMMA, "{base}");
+        assert_eq!(settings.noul, NoulRendering::Letters, "{base}");
+    }
+    let settings = bases::by_name("gemma-4-31b").unwrap().wire;
+    let (requests, questions) = check_reference_prompts("systemone/gemma/", &settings);
+    eprintln!("the Gemma format: {requests} requests, {questions} questions alike");
 }
 
 #[test]

@@ -301,7 +301,7 @@ impl TextRoute {
                     })?;
                     intent_answer(q, &head, hidden)
                 }
-                None => self.answer(q, &score.logits, &score.logprobs),
+                None => self.answer_read(q, &score.logits, &score.logprobs)?,
             };
             if answer.abstained {
                 self.metrics.abstentions.inc();
