@@ -68,7 +68,7 @@ pub struct Base {
 }
 
 /// How a yes/no question is put to the model (`--noul-rendering`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum NoulRendering {
     /// In words, read from ` yes` and ` no`.
     Words,
@@ -81,7 +81,7 @@ pub enum NoulRendering {
 
 /// Where a question's answer is read (`ANSWER_SLOTS` of the reference's
 /// `decisio/readout/letters.py`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum AnswerSlot {
     /// After `Answer:`, prefilled after the chat template's generation
     /// prompt; the labels are read in their spaced form (` A`).
@@ -92,7 +92,7 @@ pub enum AnswerSlot {
 }
 
 /// Which tokens a label is read from (`LABEL_VARIANTS`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum LabelVariants {
     /// One token a label, the form its slot reads.
     Single,
@@ -103,7 +103,7 @@ pub enum LabelVariants {
 }
 
 /// The user turn's layout (`LAYOUTS`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Layout {
     /// The state, a blank line, the question.
     Plain,
@@ -153,6 +153,24 @@ impl PromptFormat {
     /// one read alone (`PromptFormat.label_form` of the reference).
     pub fn bare_codes(&self) -> bool {
         self.variants == LabelVariants::Single && self.slot == AnswerSlot::Template
+    }
+
+    /// This format with each setting given replacing its own (`decisio
+    /// serve --system-prompt`, `--answer-slot`, `--label-variants`,
+    /// `--layout`).
+    pub fn with(
+        self,
+        system_turn: Option<bool>,
+        slot: Option<AnswerSlot>,
+        variants: Option<LabelVariants>,
+        layout: Option<Layout>,
+    ) -> PromptFormat {
+        PromptFormat {
+            system_turn: system_turn.unwrap_or(self.system_turn),
+            slot: slot.unwrap_or(self.slot),
+            variants: variants.unwrap_or(self.variants),
+            layout: layout.unwrap_or(self.layout),
+        }
     }
 }
 

@@ -477,3 +477,144 @@ fn the_vllm_backend_answers_the_wire_as_the_mlx_backend_does() {
         assert!((p.as_f64().unwrap() - q).abs() < 1e-5, "{k}: {p} and {q}");
     }
 }
+
+/// The serve flags that put System One questions in the Gemma bases'
+/// format on a model of no base (the fixture).
+const GEMMA_FORMAT: [&str; 10] = [
+    "--system-prompt",
+    "true",
+    "--answer-slot",
+    "template",
+    "--label-variants",
+    "summed",
+    "--layout",
+    "header",
+    "--noul-rendering",
+    "letters",
+];
+
+/// Each label's probability after `ids`, from the MLX server's completions:
+/// the log-probabilities of every form (`logprob_token_ids`, 128 ids a
+/// request), summed per label (log-sum-exp), divided by `temperature`,
+/// normalised.
+fn summed_reference(s: &Server, ids: &Value, forms: &[Vec<u32>], temperature: f64) -> Vec<f64> {
+    let flat = forms.concat();
+    let mut lp = std::collections::HashMap::new();
+    for chunk in flat.chunks(128) {
+        let r = s.post_json(
+            "/v1/completions",
+            &json!({"prompt": ids, "max_tokens": 1, "logprobs": 1, "logprob_token_ids": chunk,
+                    "return_tokens_as_token_ids": true}),
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        let top = r.json()["choices"][0]["logprobs"]["top_logprobs"][0].clone();
+        for (name, v) in top.as_object().unwrap() {
+            let id: u32 = name.strip_prefix("token_id:").unwrap().parse().unwrap();
+            lp.insert(id, v.as_f64().unwrap());
+        }
+    }
+    let label: Vec<f64> = forms
+        .iter()
+        .map(|g| {
+            let v: Vec<f64> = g.iter().map(|t| lp[t]).collect();
+            let top = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            (top + v.iter().map(|x| (x - top).exp()).sum::<f64>().ln()) / temperature
+        })
+        .collect();
+    let top = label.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let e: Vec<f64> = label.iter().map(|x| (x - top).exp()).collect();
+    let sum: f64 = e.iter().sum();
+    e.into_iter().map(|x| x / sum).collect()
+}
+
+#[test]
+fn the_gemma_format_sums_every_form_of_a_label_on_both_backends() {
+    // The fixture served in the Gemma bases' format, directly and through
+    // the vLLM backend: each answer is the reference decisio's prompt (its
+    // own ids and label forms, `systemone/gemma/fixture.json`) read through
+    // completions, every form of a label summed. A question of more than
+    // 128 forms (a 255-option choice reads 510) is read by the vLLM backend
+    // in several requests of at most 128 ids on the same prompt.
+    let mlx = Server::start(&GEMMA_FORMAT);
+    let url = mlx.url();
+    let mut args = vec![
+        "--backend",
+        "vllm",
+        "--upstream",
+        &url,
+        "--pad-policy",
+        "none",
+    ];
+    args.extend(GEMMA_FORMAT);
+    let gateway = Server::start(&args);
+    let entries: Vec<Value> = serde_json::from_str(
+        &std::fs::read_to_string(reference_file("systemone/gemma/fixture.json")).unwrap(),
+    )
+    .unwrap();
+    let forms_of =
+        |want: &Value| -> Vec<Vec<u32>> { serde_json::from_value(want["labels"].clone()).unwrap() };
+    let many = |e: &Value| {
+        e["questions"]
+            .as_object()
+            .unwrap()
+            .values()
+            .any(|q| forms_of(q).concat().len() > 128)
+    };
+    let size = |e: &Value| -> usize {
+        e["questions"]
+            .as_object()
+            .unwrap()
+            .values()
+            .map(|q| q["ids"].as_array().unwrap().len())
+            .sum()
+    };
+    // The CPU reads a few short requests quickly: the first three under a
+    // thousand prompt tokens, and the shortest past 128 forms.
+    let mut chosen: Vec<&Value> = entries
+        .iter()
+        .filter(|e| !many(e) && size(e) < 1000)
+        .take(3)
+        .collect();
+    chosen.extend(entries.iter().filter(|e| many(e)).min_by_key(|e| size(e)));
+    let (mut compared, mut past_128) = (0, 0);
+    for entry in chosen {
+        let body = &entry["request"];
+        let (a, b) = (ask(&mlx, body), ask(&gateway, body));
+        for (id, want) in entry["questions"].as_object().unwrap() {
+            let forms = forms_of(want);
+            assert!(forms.iter().any(|g| g.len() > 1), "{id}: one form a label");
+            let answer = &a["answers"][id];
+            let temperature = answer["x_temperature"].as_f64().unwrap();
+            let expected = summed_reference(&mlx, &want["ids"], &forms, temperature);
+            let keys: Vec<String> = serde_json::from_value(want["keys"].clone()).unwrap();
+            for (backend, got) in [("MLX", answer), ("vLLM backend", &b["answers"][id])] {
+                let values: Vec<f64> = match got.get("probabilities") {
+                    Some(p) => p
+                        .as_object()
+                        .unwrap()
+                        .values()
+                        .map(|v| v.as_f64().unwrap())
+                        .collect(),
+                    None => {
+                        let yes = keys.iter().position(|k| k == "yes").unwrap();
+                        let noul = got["noul"].as_f64().unwrap();
+                        let mut v = vec![1.0 - noul; 2];
+                        v[yes] = noul;
+                        v
+                    }
+                };
+                assert_eq!(values.len(), expected.len(), "{id} on {backend}");
+                for (p, q) in values.iter().zip(&expected) {
+                    assert!(
+                        (p - q).abs() < 1e-5,
+                        "{id} on {backend}: {p}, summed forms {q}"
+                    );
+                }
+            }
+            compared += 1;
+            past_128 += usize::from(forms.concat().len() > 128);
+        }
+    }
+    assert!(past_128 >= 1, "{past_128} questions past 128 forms");
+    eprintln!("{compared} questions alike on both backends, {past_128} of them past 128 forms");
+}

@@ -90,6 +90,10 @@ pub struct RouteConfig {
     pub default_temperature: f64,
     /// The production base served, if the model is one.
     pub base: Option<&'static Base>,
+    /// How System One questions are asked: the base's settings
+    /// ([`WireSettings::SERVED`] for a model of no base), as the serve
+    /// flags may change them.
+    pub wire: WireSettings,
     pub metrics: Arc<Metrics>,
 }
 
@@ -158,7 +162,7 @@ impl TextRoute {
                 _ => None,
             })
             .collect();
-        let settings = config.base.map_or(WireSettings::SERVED, |b| b.wire);
+        let settings = config.wire;
         let format = settings.format;
         let yes_no_forms = wire::label_forms(&tokenizer, "yes", &format)
             .zip(wire::label_forms(&tokenizer, "no", &format))
