@@ -6,14 +6,24 @@
 //! its options lettered with *letter codes* (`A` to `Z`, then `AA`, `AB`,
 //! ..., each kept only where ` CODE` is one token of the served tokenizer,
 //! up to 255), a blank line and [`ANSWER_LINE`]; a yes/no question asked in
-//! words ends with [`YES_NO_LINE`] and reads ` yes` and ` no`. The user turn
-//! is the state, a blank line, the question; after the chat template's
-//! generation prompt (thinking off) the assistant turn is prefilled with
-//! [`ANSWER_PREFILL`], and the answer is read at the next position from the
-//! labels' tokens (` A`, ` B`, ...).
+//! words ends with [`YES_NO_LINE`] and reads `yes` and `no`. The user turn
+//! is the state, a blank line, the question. The rest is the base's
+//! [`PromptFormat`] (`WireSettings::format` in `crate::bases`):
 //!
-//! The state's prefix ends after the blank line that follows the state, where
-//! the question's own text begins (the reference splits there, so every
+//! - The Qwen base's, which a model of no base (the fixture) also takes: no
+//!   system turn; after the chat template's generation prompt (thinking off)
+//!   the assistant turn is prefilled with [`ANSWER_PREFILL`], and the answer
+//!   is read at the next position from one token a label (` A`, ` B`, ...).
+//! - The Gemma bases': a system turn ([`SYSTEM_PROMPT`]) first; the answer
+//!   read at the template's own first assistant position, right after its
+//!   generation prompt; every single-token form of a label read
+//!   ([`label_forms`]: ` A`, `A`, a byte-fallback token) and their
+//!   probabilities summed per label; and the header layout, the request's
+//!   questions listed before the state ([`layout_header`]).
+//!
+//! The state's prefix (with the system turn and the header, where the format
+//! has them) ends after the blank line that follows the state, where the
+//! question's own text begins (the reference splits there, so every
 //! question about one state shares those tokens exactly).
 
 pub use crate::bases::{
