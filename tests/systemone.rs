@@ -402,22 +402,32 @@ fn gemma_prompts_are_the_reference_decisios_token_for_token() {
     eprintln!("the Gemma format: {requests} requests, {questions} questions alike");
 }
 
-#[test]
-fn the_vllm_backend_answers_the_wire_as_the_mlx_backend_does() {
-    // The gateway in front of the MLX server (which speaks vLLM's API),
-    // unpadded so that both read the same prompt: the same answers, up to
-    // the log-probabilities' trip through JSON. The 255 options' letter
-    // codes are read in two requests (vLLM takes 128 ids a request).
-    let mlx = Server::start(&[]);
+/// The fixture's MLX server and a vLLM-backend gateway in front of it
+/// (which speaks vLLM's API), unpadded so that both read the same prompt,
+/// both started with `flags`.
+fn mlx_and_gateway(flags: &[&str]) -> (Server, Server) {
+    let mlx = Server::start(flags);
     let url = mlx.url();
-    let gateway = Server::start(&[
+    let mut args = vec![
         "--backend",
         "vllm",
         "--upstream",
         &url,
         "--pad-policy",
         "none",
-    ]);
+    ];
+    args.extend(flags);
+    let gateway = Server::start(&args);
+    (mlx, gateway)
+}
+
+#[test]
+fn the_vllm_backend_answers_the_wire_as_the_mlx_backend_does() {
+    // The gateway in front of the MLX server (which speaks vLLM's API),
+    // unpadded so that both read the same prompt: the same answers, up to
+    // the log-probabilities' trip through JSON. The 255 options' letter
+    // codes are read in two requests (vLLM takes 128 ids a request).
+    let (mlx, gateway) = mlx_and_gateway(&[]);
     let mut qs = questions();
     let many: serde_json::Map<String, Value> = (0..255)
         .map(|i| {
@@ -535,18 +545,7 @@ fn the_gemma_format_sums_every_form_of_a_label_on_both_backends() {
     // completions, every form of a label summed. A question of more than
     // 128 forms (a 255-option choice reads 510) is read by the vLLM backend
     // in several requests of at most 128 ids on the same prompt.
-    let mlx = Server::start(&GEMMA_FORMAT);
-    let url = mlx.url();
-    let mut args = vec![
-        "--backend",
-        "vllm",
-        "--upstream",
-        &url,
-        "--pad-policy",
-        "none",
-    ];
-    args.extend(GEMMA_FORMAT);
-    let gateway = Server::start(&args);
+    let (mlx, gateway) = mlx_and_gateway(&GEMMA_FORMAT);
     let entries: Vec<Value> = serde_json::from_str(
         &std::fs::read_to_string(reference_file("systemone/gemma/fixture.json")).unwrap(),
     )
