@@ -65,21 +65,33 @@ impl TextRoute {
         }
     }
 
+    /// Per-label values from the values of the tokens [`Self::label_reads`]
+    /// reads for `q`, in that order: each label's summed over its forms
+    /// ([`sum_forms`]) where a label is read from more than one; as they are
+    /// otherwise, and for a packed prompt's, which reads one letter a label
+    /// whatever the format.
+    pub(super) fn label_values(
+        &self,
+        q: &Question,
+        values: &[f32],
+    ) -> Result<Vec<f32>, RouteError> {
+        let sizes: Vec<usize> = self.label_reads(q)?.iter().map(Vec::len).collect();
+        if sizes.iter().all(|&n| n == 1) || values.len() != sizes.iter().sum::<usize>() {
+            return Ok(values.to_vec());
+        }
+        Ok(sum_forms(values, &sizes))
+    }
+
     /// The answer from the logits and log-probabilities of the tokens
-    /// [`Self::label_reads`] reads, in that order: each label's summed over
-    /// its forms ([`sum_forms`]) where a label is read from more than one.
+    /// [`Self::label_reads`] reads, in that order ([`Self::label_values`]).
     pub(super) fn answer_read(
         &self,
         q: Question,
         logits: &[f32],
         logprobs: &[f32],
     ) -> Result<Answer, RouteError> {
-        let sizes: Vec<usize> = self.label_reads(&q)?.iter().map(Vec::len).collect();
-        // A packed prompt reads one letter a label, whatever the format.
-        if sizes.iter().all(|&n| n == 1) || logits.len() != sizes.iter().sum::<usize>() {
-            return Ok(self.answer(q, logits, logprobs));
-        }
-        let (logits, logprobs) = (sum_forms(logits, &sizes), sum_forms(logprobs, &sizes));
+        let logits = self.label_values(&q, logits)?;
+        let logprobs = self.label_values(&q, logprobs)?;
         Ok(self.answer(q, &logits, &logprobs))
     }
 
