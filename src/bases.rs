@@ -68,7 +68,7 @@ pub struct Base {
 }
 
 /// How a yes/no question is put to the model (`--noul-rendering`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum NoulRendering {
     /// In words, read from ` yes` and ` no`.
     Words,
@@ -79,10 +79,107 @@ pub enum NoulRendering {
     LettersKeys,
 }
 
-/// A base's System One settings (`decisio/families.py`): how yes/no
-/// questions are asked and the temperatures of each question type.
+/// Where a question's answer is read (`ANSWER_SLOTS` of the reference's
+/// `decisio/readout/letters.py`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum AnswerSlot {
+    /// After `Answer:`, prefilled after the chat template's generation
+    /// prompt; the labels are read in their spaced form (` A`).
+    Prefill,
+    /// At the template's own first assistant position, right after its
+    /// generation prompt; the labels' bare form (`A`) is the one written.
+    Template,
+}
+
+/// Which tokens a label is read from (`LABEL_VARIANTS`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LabelVariants {
+    /// One token a label, the form its slot reads.
+    Single,
+    /// Every single-token form of a label (` A` and `A`, a byte-fallback
+    /// token where the tokenizer has one; for yes/no also ` Yes` and
+    /// `Yes`), their probabilities summed per label.
+    Summed,
+}
+
+/// The user turn's layout (`LAYOUTS`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Layout {
+    /// The state, a blank line, the question.
+    Plain,
+    /// The request's questions listed first (`layout_header`), then the
+    /// state and the question as plain.
+    Header,
+}
+
+/// How a base's System One questions are put to the model: the fields of
+/// the reference's `PromptFormat` that its bases set (`decisio/families.py`:
+/// `system_prompt`, `answer_slot`, `label_variants`, `layout`; the spaced
+/// tail is every base's).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PromptFormat {
+    /// A system turn before the question (`route::wire::SYSTEM_PROMPT`).
+    pub system_turn: bool,
+    pub slot: AnswerSlot,
+    pub variants: LabelVariants,
+    pub layout: Layout,
+}
+
+impl PromptFormat {
+    /// The Qwen base's format, which the reference also gives a model of no
+    /// base of its own: no system turn, `Answer:` prefilled, one token a
+    /// label, the plain layout.
+    pub const QWEN: PromptFormat = PromptFormat {
+        system_turn: false,
+        slot: AnswerSlot::Prefill,
+        variants: LabelVariants::Single,
+        layout: Layout::Plain,
+    };
+
+    /// The Gemma bases' format (`GEMMA4` and `GEMMA4_31B`): a system turn,
+    /// the template's answer slot, every form of a label summed, and the
+    /// header layout, which the reference serves on these bases unless a
+    /// task or adapter fitted under the plain one holds it there (none does
+    /// here; `docs/design/systemone.md`).
+    pub const GEMMA: PromptFormat = PromptFormat {
+        system_turn: true,
+        slot: AnswerSlot::Template,
+        variants: LabelVariants::Summed,
+        layout: Layout::Header,
+    };
+
+    /// Whether the letter codes must be one token in their bare form (`A`)
+    /// rather than their spaced one (` A`): only where the bare form is the
+    /// one read alone (`PromptFormat.label_form` of the reference).
+    pub fn bare_codes(&self) -> bool {
+        self.variants == LabelVariants::Single && self.slot == AnswerSlot::Template
+    }
+
+    /// This format with each setting given replacing its own (`decisio
+    /// serve --system-prompt`, `--answer-slot`, `--label-variants`,
+    /// `--layout`).
+    pub fn with(
+        self,
+        system_turn: Option<bool>,
+        slot: Option<AnswerSlot>,
+        variants: Option<LabelVariants>,
+        layout: Option<Layout>,
+    ) -> PromptFormat {
+        PromptFormat {
+            system_turn: system_turn.unwrap_or(self.system_turn),
+            slot: slot.unwrap_or(self.slot),
+            variants: variants.unwrap_or(self.variants),
+            layout: layout.unwrap_or(self.layout),
+        }
+    }
+}
+
+/// A base's System One settings (`decisio/families.py`): the prompt's
+/// format, how yes/no questions are asked and the temperatures of each
+/// question type.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct WireSettings {
+    pub format: PromptFormat,
     pub noul: NoulRendering,
     /// Choice questions' temperature.
     pub choice_temperature: f64,
@@ -103,6 +200,7 @@ impl WireSettings {
     /// The reference's served defaults (its Qwen base's settings, which it
     /// also gives a model of no base of its own, such as the fixture).
     pub const SERVED: WireSettings = WireSettings {
+        format: PromptFormat::QWEN,
         noul: NoulRendering::LettersKeys,
         choice_temperature: 1.370,
         temperature: 1.506,
@@ -175,6 +273,7 @@ pub const BASES: &[Base] = &[
         prefix_cache_mib: 7400,
         documented_state_tokens: None,
         wire: WireSettings {
+            format: PromptFormat::GEMMA,
             noul: NoulRendering::Letters,
             choice_temperature: 3.592,
             temperature: 3.592,
@@ -199,6 +298,7 @@ pub const BASES: &[Base] = &[
         prefix_cache_mib: 2048,
         documented_state_tokens: Some(16_383),
         wire: WireSettings {
+            format: PromptFormat::GEMMA,
             noul: NoulRendering::Letters,
             choice_temperature: 4.672,
             temperature: 5.252,
@@ -563,6 +663,27 @@ mod tests {
             err.contains("qwen3.6-35b-a3b, gemma-4-12b, gemma-4-31b, custom"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn the_gemma_bases_take_the_references_gemma_prompt_and_qwen_keeps_its_own() {
+        // decisio/families.py: GEMMA4 and GEMMA4_31B set system_prompt,
+        // answer_slot "template", label_variants "summed" and layout
+        // "header"; QWEN keeps the defaults.
+        for name in ["gemma-4-12b", "gemma-4-31b"] {
+            let f = by_name(name).unwrap().wire.format;
+            assert!(f.system_turn, "{name}");
+            assert_eq!(f.slot, AnswerSlot::Template, "{name}");
+            assert_eq!(f.variants, LabelVariants::Summed, "{name}");
+            assert_eq!(f.layout, Layout::Header, "{name}");
+            assert!(
+                !f.bare_codes(),
+                "{name}: summed forms keep the spaced codes"
+            );
+        }
+        let qwen = by_name("qwen3.6-35b-a3b").unwrap().wire;
+        assert_eq!(qwen, WireSettings::SERVED);
+        assert_eq!(qwen.format, PromptFormat::QWEN);
     }
 
     #[test]

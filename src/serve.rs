@@ -9,7 +9,9 @@ use std::sync::Arc;
 use anyhow::{bail, Context, Result};
 use clap::{Args, ValueEnum};
 
-use crate::bases::{self, Base, BaseArg, BaseError};
+use crate::bases::{
+    self, AnswerSlot, Base, BaseArg, BaseError, LabelVariants, Layout, NoulRendering, WireSettings,
+};
 use crate::engine::mlx::{Device, LoadOptions, MlxEngine, MlxOptions};
 use crate::engine::vllm::protocol::ModelList;
 use crate::engine::vllm::{MethodChoice, Padding, VllmEngine, VllmOptions};
@@ -132,6 +134,28 @@ pub struct ServeArgs {
     /// The model name clients send (default: the --model argument).
     #[arg(long)]
     served_model_name: Option<String>,
+    /// /v1/systemone: how a yes/no question is asked (default: the base's;
+    /// the Gemma bases: letters, otherwise letters-keys).
+    #[arg(long, value_enum)]
+    noul_rendering: Option<NoulRendering>,
+    /// /v1/systemone: a system turn before each question (default: the
+    /// base's; the Gemma bases: true, otherwise false).
+    #[arg(long)]
+    system_prompt: Option<bool>,
+    /// /v1/systemone: where the answer is read (default: the base's; the
+    /// Gemma bases: template, otherwise prefill).
+    #[arg(long, value_enum)]
+    answer_slot: Option<AnswerSlot>,
+    /// /v1/systemone: the tokens a label is read from (default: the base's;
+    /// the Gemma bases: summed, otherwise single).
+    #[arg(long, value_enum)]
+    label_variants: Option<LabelVariants>,
+    /// /v1/systemone: the user turn's layout (default: the base's; the
+    /// Gemma bases: header, otherwise plain). A state read under the header
+    /// is not reused for another set of questions: a client that asks a
+    /// series of questions about one state wants plain.
+    #[arg(long, value_enum)]
+    layout: Option<Layout>,
     /// Require `Authorization: Bearer <key>` on every route but /health and /metrics.
     #[arg(long, env = "DECISIO_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
@@ -422,6 +446,26 @@ fn upstream_model(u: &UpstreamArgs) -> Result<String> {
     Ok(root)
 }
 
+/// The System One settings served: the base's (the reference's served
+/// defaults for a model of no base), with the prompt-format and yes/no
+/// flags given.
+fn wire_settings(base: Option<&'static Base>, args: &ServeArgs) -> WireSettings {
+    let settings = base.map_or(WireSettings::SERVED, |b| b.wire);
+    let format = settings.format.with(
+        args.system_prompt,
+        args.answer_slot,
+        args.label_variants,
+        args.layout,
+    );
+    let noul = args.noul_rendering.unwrap_or(settings.noul);
+    tracing::info!(?format, ?noul, "the System One prompt format");
+    WireSettings {
+        format,
+        noul,
+        ..settings
+    }
+}
+
 /// The base, the conversion folder and the tokenizer folder of a `serve`.
 fn choose_base(args: &ServeArgs) -> Result<(Option<&'static Base>, String, PathBuf, PathBuf)> {
     let mlx = matches!(args.backend, Backend::Mlx);
@@ -611,6 +655,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         }
     };
     let stops = stop_token_ids(&model_dir, &tokenizer, &template);
+    let wire = wire_settings(base, &args);
     let model_name = args.served_model_name.unwrap_or_else(|| model.clone());
     let config = RouteConfig {
         stop_token_ids: stops,
@@ -622,6 +667,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         ]),
         default_temperature: limits.letter_temperature,
         base,
+        wire,
         metrics,
     };
     let route = TextRoute::new(engine, tokenizer, template, config)

@@ -6,10 +6,12 @@
 mod common;
 
 use common::{asset, model_dir, reference_file, Response, Server};
+use decisio::bases;
 use decisio::prompt::{ChatTemplate, TextTokenizer};
 use decisio::route::decide::{render_wire, Question, State};
 use decisio::route::wire::{
-    letter_codes, question_text, split_ids, WireAsk, WireSettings, YES_NO_LABELS,
+    label_forms, layout_header, letter_codes, one_token_codes, question_text, split_ids,
+    LabelVariants, Layout, NoulRendering, PromptFormat, WireAsk, WireSettings, YES_NO_LABELS,
 };
 use decisio::server::systemone::{parse_request, state_text, to_asked};
 use serde_json::{json, Value};
@@ -262,8 +264,15 @@ fn an_api_key_is_asked_for_in_the_wires_shape() {
     assert_eq!(r.status, 200, "{}", r.text());
 }
 
-#[test]
-fn prompts_are_the_reference_decisios_token_for_token() {
+/// Builds decisio's System One prompts for the reference's requests in
+/// `folder` (`systemone/` for the Qwen format, `systemone/gemma/` for the
+/// Gemma bases') under `settings`, and compares them with the reference
+/// decisio's id for id: the state's prefix, each question's ids, its label
+/// ids (every form of a label under summed forms) and `usage.input_tokens`.
+/// Returns the requests and questions compared.
+fn check_reference_prompts(folder: &str, settings: &WireSettings) -> (usize, usize) {
+    let format = settings.format;
+    let (mut requests, mut questions) = (0, 0);
     for (name, dir) in [
         ("fixture", model_dir()),
         ("qwen3", asset("qwen3")),
@@ -273,20 +282,35 @@ fn prompts_are_the_reference_decisios_token_for_token() {
         let template =
             ChatTemplate::from_tokenizer_config(dir.join("tokenizer_config.json")).unwrap();
         let encode = |text: &str| tokenizer.encode(text, false).unwrap();
-        let codes = letter_codes(&tokenizer);
+        let codes = if format.bare_codes() {
+            one_token_codes(&tokenizer, "")
+        } else {
+            letter_codes(&tokenizer)
+        };
         assert_eq!(codes.len(), 255, "{name}: letter codes");
-        let file = reference_file(&format!("systemone/{name}.json"));
+        let file = reference_file(&format!("{folder}{name}.json"));
         let entries: Vec<Value> =
             serde_json::from_str(&std::fs::read_to_string(file).unwrap()).unwrap();
         let mut asked_of = std::collections::BTreeMap::<String, usize>::new();
         for entry in &entries {
             let request = parse_request(entry["request"].to_string().as_bytes()).unwrap();
             let text = state_text(&request.state);
-            let state = State::Text(text.clone());
+            let asked: Vec<_> = request
+                .questions
+                .iter()
+                .map(|(_, q)| to_asked(q, settings.noul))
+                .collect();
             let mut counted = encode(&text).len();
-            for (id, q) in &request.questions {
+            let state = match format.layout {
+                Layout::Plain => State::Text(text.clone()),
+                Layout::Header => {
+                    let header = layout_header(asked.iter().map(|a| a.instructions.trim()));
+                    counted += encode(&header).len();
+                    State::Text(format!("{header}{text}"))
+                }
+            };
+            for ((id, q), asked) in request.questions.iter().zip(&asked) {
                 let want = &entry["questions"][id];
-                let asked = to_asked(q, WireSettings::SERVED.noul);
                 assert_eq!(json!(asked.keys), want["keys"], "{name} {id}");
                 let n = asked.options.len();
                 let names: Vec<String> =
@@ -300,7 +324,8 @@ fn prompts_are_the_reference_decisios_token_for_token() {
                     head: None,
                     wire: Some(asked.ask.clone()),
                 };
-                let r = render_wire(&template, &state, &question, &asked.ask, &names).unwrap();
+                let r =
+                    render_wire(&template, &state, &question, &asked.ask, &names, &format).unwrap();
                 let (mut ids, own) = split_ids(&tokenizer, &r.prefix, &r.suffix).unwrap();
                 assert_eq!(
                     json!(ids.len()),
@@ -315,11 +340,19 @@ fn prompts_are_the_reference_decisios_token_for_token() {
                     r.prefix,
                     r.suffix
                 );
-                let labels: Vec<u32> = match asked.ask {
-                    WireAsk::Letters => codes[..n].iter().map(|(_, t)| *t).collect(),
-                    WireAsk::YesNoWords => YES_NO_LABELS.iter().map(|l| encode(l)[0]).collect(),
+                let labels: Vec<String> = match asked.ask {
+                    WireAsk::Letters => names.clone(),
+                    WireAsk::YesNoWords => YES_NO_LABELS.iter().map(|l| l.trim().into()).collect(),
                 };
-                assert_eq!(json!(labels), want["labels"], "{name} {id}: label ids");
+                let forms: Vec<Vec<u32>> = labels
+                    .iter()
+                    .map(|l| label_forms(&tokenizer, l, &format).unwrap())
+                    .collect();
+                let got = match format.variants {
+                    LabelVariants::Single => json!(forms.concat()),
+                    LabelVariants::Summed => json!(forms),
+                };
+                assert_eq!(got, want["labels"], "{name} {id}: label ids");
                 counted += encode(&question_text(
                     &asked.ask,
                     &asked.instructions,
@@ -328,12 +361,14 @@ fn prompts_are_the_reference_decisios_token_for_token() {
                 ))
                 .len();
                 *asked_of.entry(q.kind.as_str().to_string()).or_default() += 1;
+                questions += 1;
             }
             assert_eq!(
                 json!(counted),
                 entry["input_tokens"],
                 "{name}: usage.input_tokens"
             );
+            requests += 1;
         }
         for kind in ["noul", "choice", "score"] {
             assert!(
@@ -343,6 +378,47 @@ fn prompts_are_the_reference_decisios_token_for_token() {
             );
         }
     }
+    (requests, questions)
+}
+
+#[test]
+fn prompts_are_the_reference_decisios_token_for_token() {
+    let (requests, questions) = check_reference_prompts("systemone/", &WireSettings::SERVED);
+    eprintln!("the Qwen format: {requests} requests, {questions} questions alike");
+}
+
+#[test]
+fn gemma_prompts_are_the_reference_decisios_token_for_token() {
+    // The Gemma bases' format (a system turn, the template's answer slot,
+    // every form of a label summed, the header layout), on the Gemma
+    // tokenizer and, as further templates, the fixture's and Qwen3's.
+    for base in ["gemma-4-12b", "gemma-4-31b"] {
+        let settings = bases::by_name(base).unwrap().wire;
+        assert_eq!(settings.format, PromptFormat::GEMMA, "{base}");
+        assert_eq!(settings.noul, NoulRendering::Letters, "{base}");
+    }
+    let settings = bases::by_name("gemma-4-31b").unwrap().wire;
+    let (requests, questions) = check_reference_prompts("systemone/gemma/", &settings);
+    eprintln!("the Gemma format: {requests} requests, {questions} questions alike");
+}
+
+/// The fixture's MLX server and a vLLM-backend gateway in front of it
+/// (which speaks vLLM's API), unpadded so that both read the same prompt,
+/// both started with `flags`.
+fn mlx_and_gateway(flags: &[&str]) -> (Server, Server) {
+    let mlx = Server::start(flags);
+    let url = mlx.url();
+    let mut args = vec![
+        "--backend",
+        "vllm",
+        "--upstream",
+        &url,
+        "--pad-policy",
+        "none",
+    ];
+    args.extend(flags);
+    let gateway = Server::start(&args);
+    (mlx, gateway)
 }
 
 #[test]
@@ -351,16 +427,7 @@ fn the_vllm_backend_answers_the_wire_as_the_mlx_backend_does() {
     // unpadded so that both read the same prompt: the same answers, up to
     // the log-probabilities' trip through JSON. The 255 options' letter
     // codes are read in two requests (vLLM takes 128 ids a request).
-    let mlx = Server::start(&[]);
-    let url = mlx.url();
-    let gateway = Server::start(&[
-        "--backend",
-        "vllm",
-        "--upstream",
-        &url,
-        "--pad-policy",
-        "none",
-    ]);
+    let (mlx, gateway) = mlx_and_gateway(&[]);
     let mut qs = questions();
     let many: serde_json::Map<String, Value> = (0..255)
         .map(|i| {
@@ -419,4 +486,134 @@ fn the_vllm_backend_answers_the_wire_as_the_mlx_backend_does() {
         let q = py[k].as_f64().unwrap();
         assert!((p.as_f64().unwrap() - q).abs() < 1e-5, "{k}: {p} and {q}");
     }
+}
+
+/// The serve flags that put System One questions in the Gemma bases'
+/// format on a model of no base (the fixture).
+const GEMMA_FORMAT: [&str; 10] = [
+    "--system-prompt",
+    "true",
+    "--answer-slot",
+    "template",
+    "--label-variants",
+    "summed",
+    "--layout",
+    "header",
+    "--noul-rendering",
+    "letters",
+];
+
+/// Each label's probability after `ids`, from the MLX server's completions:
+/// the log-probabilities of every form (`logprob_token_ids`, 128 ids a
+/// request), summed per label (log-sum-exp), divided by `temperature`,
+/// normalised.
+fn summed_reference(s: &Server, ids: &Value, forms: &[Vec<u32>], temperature: f64) -> Vec<f64> {
+    let flat = forms.concat();
+    let mut lp = std::collections::HashMap::new();
+    for chunk in flat.chunks(128) {
+        let r = s.post_json(
+            "/v1/completions",
+            &json!({"prompt": ids, "max_tokens": 1, "logprobs": 1, "logprob_token_ids": chunk,
+                    "return_tokens_as_token_ids": true}),
+        );
+        assert_eq!(r.status, 200, "{}", r.text());
+        let top = r.json()["choices"][0]["logprobs"]["top_logprobs"][0].clone();
+        for (name, v) in top.as_object().unwrap() {
+            let id: u32 = name.strip_prefix("token_id:").unwrap().parse().unwrap();
+            lp.insert(id, v.as_f64().unwrap());
+        }
+    }
+    let label: Vec<f64> = forms
+        .iter()
+        .map(|g| {
+            let v: Vec<f64> = g.iter().map(|t| lp[t]).collect();
+            let top = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            (top + v.iter().map(|x| (x - top).exp()).sum::<f64>().ln()) / temperature
+        })
+        .collect();
+    let top = label.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let e: Vec<f64> = label.iter().map(|x| (x - top).exp()).collect();
+    let sum: f64 = e.iter().sum();
+    e.into_iter().map(|x| x / sum).collect()
+}
+
+#[test]
+fn the_gemma_format_sums_every_form_of_a_label_on_both_backends() {
+    // The fixture served in the Gemma bases' format, directly and through
+    // the vLLM backend: each answer is the reference decisio's prompt (its
+    // own ids and label forms, `systemone/gemma/fixture.json`) read through
+    // completions, every form of a label summed. A question of more than
+    // 128 forms (a 255-option choice reads 510) is read by the vLLM backend
+    // in several requests of at most 128 ids on the same prompt.
+    let (mlx, gateway) = mlx_and_gateway(&GEMMA_FORMAT);
+    let entries: Vec<Value> = serde_json::from_str(
+        &std::fs::read_to_string(reference_file("systemone/gemma/fixture.json")).unwrap(),
+    )
+    .unwrap();
+    let forms_of =
+        |want: &Value| -> Vec<Vec<u32>> { serde_json::from_value(want["labels"].clone()).unwrap() };
+    let many = |e: &Value| {
+        e["questions"]
+            .as_object()
+            .unwrap()
+            .values()
+            .any(|q| forms_of(q).concat().len() > 128)
+    };
+    let size = |e: &Value| -> usize {
+        e["questions"]
+            .as_object()
+            .unwrap()
+            .values()
+            .map(|q| q["ids"].as_array().unwrap().len())
+            .sum()
+    };
+    // The CPU reads a few short requests quickly: the first three under a
+    // thousand prompt tokens, and the shortest past 128 forms.
+    let mut chosen: Vec<&Value> = entries
+        .iter()
+        .filter(|e| !many(e) && size(e) < 1000)
+        .take(3)
+        .collect();
+    chosen.extend(entries.iter().filter(|e| many(e)).min_by_key(|e| size(e)));
+    let (mut compared, mut past_128) = (0, 0);
+    for entry in chosen {
+        let body = &entry["request"];
+        let (a, b) = (ask(&mlx, body), ask(&gateway, body));
+        for (id, want) in entry["questions"].as_object().unwrap() {
+            let forms = forms_of(want);
+            assert!(forms.iter().any(|g| g.len() > 1), "{id}: one form a label");
+            let answer = &a["answers"][id];
+            let temperature = answer["x_temperature"].as_f64().unwrap();
+            let expected = summed_reference(&mlx, &want["ids"], &forms, temperature);
+            let keys: Vec<String> = serde_json::from_value(want["keys"].clone()).unwrap();
+            for (backend, got) in [("MLX", answer), ("vLLM backend", &b["answers"][id])] {
+                let values: Vec<f64> = match got.get("probabilities") {
+                    Some(p) => p
+                        .as_object()
+                        .unwrap()
+                        .values()
+                        .map(|v| v.as_f64().unwrap())
+                        .collect(),
+                    None => {
+                        let yes = keys.iter().position(|k| k == "yes").unwrap();
+                        let noul = got["noul"].as_f64().unwrap();
+                        let mut v = vec![1.0 - noul; 2];
+                        v[yes] = noul;
+                        v
+                    }
+                };
+                assert_eq!(values.len(), expected.len(), "{id} on {backend}");
+                for (p, q) in values.iter().zip(&expected) {
+                    assert!(
+                        (p - q).abs() < 1e-5,
+                        "{id} on {backend}: {p}, summed forms {q}"
+                    );
+                }
+            }
+            compared += 1;
+            past_128 += usize::from(forms.concat().len() > 128);
+        }
+    }
+    assert!(past_128 >= 1, "{past_128} questions past 128 forms");
+    eprintln!("{compared} questions alike on both backends, {past_128} of them past 128 forms");
 }

@@ -1189,6 +1189,48 @@ fn a_systemone_task_applies_to_the_wire_questions_of_its_identity() {
 }
 
 #[test]
+fn a_systemone_task_is_fitted_on_labels_summed_over_their_forms() {
+    // Served in the Gemma bases' format (every form of a label read and
+    // summed), a wire task is fitted on one logit a label, as its answers
+    // read them: the task's probabilities are the base's raised to the
+    // ratio of the temperatures, renormalised.
+    let dir = common::fresh_dir("wire-task-gemma");
+    let s = Server::start(&[
+        "--state-dir",
+        dir.to_str().unwrap(),
+        "--answer-slot",
+        "template",
+        "--label-variants",
+        "summed",
+        "--system-prompt",
+        "true",
+    ]);
+    let options = ["the first", "the second", "the third", "the fourth"];
+    let examples = mmlu_examples(12);
+    let body = json!({"name": "summed", "systemone": wire_question(options),
+                      "examples": examples, "holdout": 0.25, "seed": 3});
+    let id = register(&s, &body);
+    let t = settled(&s, &id, Duration::from_secs(600));
+    assert_eq!(t["status"], "ready", "{t}");
+    let fitted = t["result"]["temperature"].as_f64().unwrap();
+    let state = &examples[5]["state"];
+    let tasked = ask_wire(&s, state, json!({"q": wire_question(options)}));
+    assert_eq!(tasked["q"]["x_task"], "summed", "{tasked}");
+    let p = probabilities(&tasked["q"]);
+    let r = s
+        .request("DELETE", &format!("/v1/tasks/{id}"), &[], None)
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let base = probabilities(&ask_wire(&s, state, json!({"q": wire_question(options)}))["q"]);
+    let powered: Vec<f64> = base.iter().map(|q| q.powf(1.37 / fitted)).collect();
+    let total: f64 = powered.iter().sum();
+    for (want, got) in powered.iter().map(|v| v / total).zip(&p) {
+        assert!((want - got).abs() < 1e-5, "{base:?} at {fitted} vs {p:?}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn systemone_registrations_are_refused_naming_the_field() {
     let dir = common::fresh_dir("wire-bad");
     let s = Server::start(&["--state-dir", dir.to_str().unwrap()]);

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use common::asset;
 use decisio::prompt::{ChatTemplate, TextTokenizer};
 use decisio::route::decide::{render, Question, State, LETTERS, MAX_OPTIONS, PAD_TEXT};
-use decisio::route::wire::one_token_codes;
+use decisio::route::wire::{label_forms, letter_codes, one_token_codes, PromptFormat};
 use decisio::route::TextRoute;
 use serde_json::Value;
 
@@ -207,6 +207,38 @@ fn gemma3_decision_prompts_read_single_letters() {
         "{:?}",
         r.suffix
     );
+}
+
+#[test]
+fn gemma3_reads_every_form_of_a_label_and_no_two_labels_share_one() {
+    // The Gemma bases' summed forms: ` A`, `A` and the byte-fallback token
+    // `<0x41>` for a single letter, ` AB` and `AB` where each is one token;
+    // ` yes`, `yes`, ` Yes`, `Yes`. No token is read for two labels.
+    let f = family("gemma3", "gemma3");
+    let format = PromptFormat::GEMMA;
+    let codes = letter_codes(&f.tokenizer);
+    assert_eq!(codes.len(), 255);
+    let mut owner = HashMap::new();
+    for (code, spaced) in &codes {
+        let forms = label_forms(&f.tokenizer, code, &format).unwrap();
+        assert_eq!(forms[0], *spaced, "{code}: the spaced form first");
+        if code.len() == 1 {
+            let byte = f
+                .tokenizer
+                .token_to_id(&format!("<0x{:02X}>", code.as_bytes()[0]));
+            assert_eq!(forms.len(), 3, "{code}: {forms:?}");
+            assert_eq!(forms.last().copied(), byte, "{code}");
+        }
+        for t in forms {
+            if let Some(other) = owner.insert(t, code.clone()) {
+                panic!("token {t} is read for {other} and {code}");
+            }
+        }
+    }
+    for word in ["yes", "no"] {
+        let forms = label_forms(&f.tokenizer, word, &format).unwrap();
+        assert_eq!(forms.len(), 4, "{word}: {forms:?}");
+    }
 }
 
 /// Decodes standard base64 (the tiktoken file's token column).

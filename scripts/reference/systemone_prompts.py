@@ -13,17 +13,26 @@ snake_case labels shown with spaces, options shown by their descriptions,
 yes/no as `letters-keys`), and `decisio.serve.vllm_engine.LettersEngine`
 builds the rows (`_rows`: the state's prefix, each question's own tokens, the
 label token ids) and counts the request's input tokens (`counted_tokens`).
-The prompt format is the one the reference gives a model of the Qwen base
-and the fixture (`decisio.families.QWEN`: the spaced tail, `Answer:`
-prefilled, one token per label, no system turn, the plain layout), without
-padding (`--pad-to none`, MLX's default).
+Each tokenizer's prompts are built in two formats, without padding
+(`--pad-to none`, MLX's default):
 
-Writes OUT_DIR/systemone/NAME.json for each tokenizer folder (a
-`tokenizer.json` and a `tokenizer_config.json` with the chat template):
-{"requests": [{"request": {...},
-"questions": {id: {"ids": [...], "labels": [...], "prefix": n, "keys": [...],
-"kind": "noul|choice|score"}}, "input_tokens": n}]}; the Rust test
-`tests/systemone.rs` builds the same prompts and compares them id for id.
+- the one the reference gives a model of the Qwen base and the fixture
+  (`decisio.families.QWEN`: the spaced tail, `Answer:` prefilled, one token
+  per label, no system turn, the plain layout, yes/no as `letters-keys`);
+- the Gemma bases' (`decisio.families.GEMMA4_31B`, as `GEMMA4`: the spaced
+  tail, the system turn of `decisio.readout.system_prompt`, the label read
+  at the template's own answer slot, every single-token form of a label
+  read and summed, the header layout with every question listed, yes/no as
+  `letters`).
+
+Writes OUT_DIR/systemone/NAME.json (the Qwen format) and
+OUT_DIR/systemone/gemma/NAME.json (the Gemma format) for each tokenizer
+folder (a `tokenizer.json` and a `tokenizer_config.json` with the chat
+template): a list of {"request": {...}, "questions": {id: {"ids": [...],
+"labels": [...], "prefix": n, "keys": [...], "kind": "noul|choice|score"}},
+"input_tokens": n}; a label is one token id, or under summed forms the list
+of its forms' ids. The Rust test `tests/systemone.rs` builds the same
+prompts and compares them id for id.
 
 Needs the `decisio` 0.35.0 wheel's code on the path (installed without its
 dependencies by scripts/setup.sh), numpy, pydantic and transformers.
@@ -39,7 +48,7 @@ from pathlib import Path
 
 from transformers import AutoTokenizer
 
-from decisio.families import QWEN
+from decisio.families import GEMMA4_31B, QWEN
 from decisio.readout.letters import PromptFormat
 from decisio.serve import systemone as so
 from decisio.serve import vllm_engine as ve
@@ -137,12 +146,17 @@ def requests(count, seed):
         yield {"model": "jev-latest", "state": state(rng), "questions": qs}
 
 
-def reference_engine(tok):
-    """A LettersEngine with the Qwen base's prompt format, as far as `_rows` reads it."""
+# the formats written: the file's folder under systemone/, and the family whose prompt format it is
+FORMATS = (("", QWEN), ("gemma/", GEMMA4_31B))
+
+
+def reference_engine(tok, family):
+    """A LettersEngine with a family's prompt format, as far as `_rows` reads it (the layout the family serves when
+    nothing holds it at plain: header for the Gemma bases, plain for the Qwen one)."""
     eng = object.__new__(ve.LettersEngine)
     eng.tok = tok
-    eng.fmt = PromptFormat(tail=QWEN.prompt_tail, slot=QWEN.answer_slot, variants=QWEN.label_variants,
-                           system_prompt=QWEN.system_prompt, layout="plain")
+    eng.fmt = PromptFormat(tail=family.prompt_tail, slot=family.answer_slot, variants=family.label_variants,
+                           system_prompt=family.system_prompt, layout=family.layout)
     return eng
 
 
@@ -152,11 +166,11 @@ def served(noul_rendering):
                                  desnake_labels=True, describe_options=True)
 
 
-def prompts(folder, count, seed):
-    """The reference's rows of `count` seeded requests on one tokenizer."""
+def prompts(folder, family, count, seed):
+    """The reference's rows of `count` seeded requests on one tokenizer, in a family's prompt format."""
     tok = AutoTokenizer.from_pretrained(folder)
-    eng = reference_engine(tok)
-    server = served(QWEN.noul_rendering)
+    eng = reference_engine(tok, family)
+    server = served(family.noul_rendering)
     out = []
     for body in requests(count, seed):
         req = so.SystemOneRequest.model_validate(body)
@@ -167,7 +181,8 @@ def prompts(folder, count, seed):
         counted = ve.counted_tokens(tok, eng.fmt, req.state, qs)
         entry = {"request": body, "questions": {}, "input_tokens": counted["total"]}
         for name, (eq, keys, swapped), (ids, labels) in zip(names, asked, rows):
-            entry["questions"][name] = {"ids": ids, "labels": list(labels), "prefix": n, "keys": keys,
+            labels = [list(g) if isinstance(g, tuple) else g for g in labels]
+            entry["questions"][name] = {"ids": ids, "labels": labels, "prefix": n, "keys": keys,
                                         "kind": req.questions[name].type, "swapped": swapped}
         out.append(entry)
     return out
@@ -184,11 +199,13 @@ def main():
     out.mkdir(parents=True, exist_ok=True)
     for spec in args.tokenizers:
         name, folder = spec.split("=", 1)
-        rows = prompts(folder, args.count, args.seed)
-        (out / f"{name}.json").write_text(json.dumps(rows, ensure_ascii=False))
-        kinds = [q["kind"] for e in rows for q in e["questions"].values()]
-        print(f"[systemone] {name}: {len(rows)} requests, "
-              + ", ".join(f"{k} {kinds.count(k)}" for k in ("noul", "choice", "score")), file=sys.stderr)
+        for sub, family in FORMATS:
+            rows = prompts(folder, family, args.count, args.seed)
+            (out / sub).mkdir(parents=True, exist_ok=True)
+            (out / sub / f"{name}.json").write_text(json.dumps(rows, ensure_ascii=False))
+            kinds = [q["kind"] for e in rows for q in e["questions"].values()]
+            print(f"[systemone] {sub}{name} ({family.key}): {len(rows)} requests, "
+                  + ", ".join(f"{k} {kinds.count(k)}" for k in ("noul", "choice", "score")), file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -90,6 +90,10 @@ pub struct RouteConfig {
     pub default_temperature: f64,
     /// The production base served, if the model is one.
     pub base: Option<&'static Base>,
+    /// How System One questions are asked: the base's settings
+    /// ([`WireSettings::SERVED`] for a model of no base), as the serve
+    /// flags may change them.
+    pub wire: WireSettings,
     pub metrics: Arc<Metrics>,
 }
 
@@ -119,9 +123,15 @@ pub struct TextRoute {
     /// The System One wire's letter codes with their token ids (` A` ...,
     /// ` AA` ..., up to 255; [`wire::letter_codes`]).
     pub wire_codes: Vec<(String, u32)>,
-    /// Token ids of ` yes` and ` no`, when each is one token (a yes/no
-    /// question asked in words reads them).
-    pub yes_no_ids: Option<[u32; 2]>,
+    /// The token ids `yes` and `no` are read from under the base's prompt
+    /// format ([`wire::label_forms`]: ` yes` and ` no` under the reference's
+    /// served one), when each has them (a yes/no question asked in words
+    /// reads them).
+    pub yes_no_forms: Option<[Vec<u32>; 2]>,
+    /// Under summed label forms, the token ids each of [`Self::wire_codes`]
+    /// is read from ([`wire::label_forms`]), in the same order; empty
+    /// otherwise.
+    pub wire_forms: Vec<Vec<u32>>,
     /// How System One questions are asked on this base.
     pub wire: WireSettings,
 }
@@ -152,13 +162,21 @@ impl TextRoute {
                 _ => None,
             })
             .collect();
-        let one_token = |text: &str| match tokenizer.encode(text, false) {
-            Ok(ids) if ids.len() == 1 => Some(ids[0]),
-            _ => None,
-        };
-        let [yes, no] = wire::YES_NO_LABELS;
-        let yes_no_ids = one_token(yes).zip(one_token(no)).map(|(y, n)| [y, n]);
+        let settings = config.wire;
+        let format = settings.format;
+        let yes_no_forms = wire::label_forms(&tokenizer, "yes", &format)
+            .zip(wire::label_forms(&tokenizer, "no", &format))
+            .map(|(y, n)| [y, n]);
         let wire_codes = wire::letter_codes(&tokenizer);
+        let wire_forms = match format.variants {
+            wire::LabelVariants::Single => Vec::new(),
+            wire::LabelVariants::Summed => wire_codes
+                .iter()
+                .map(|(code, id)| {
+                    wire::label_forms(&tokenizer, code, &format).unwrap_or_else(|| vec![*id])
+                })
+                .collect(),
+        };
         if wire_codes.len() < wire::MAX_LABELS {
             tracing::warn!(
                 "this tokenizer writes {} letter codes (` A`, ` B`, ...) as one token each, so \
@@ -171,8 +189,9 @@ impl TextRoute {
             pad_id,
             packed_letter_ids,
             wire_codes,
-            yes_no_ids,
-            wire: config.base.map_or(WireSettings::SERVED, |b| b.wire),
+            yes_no_forms,
+            wire_forms,
+            wire: settings,
             engine,
             tokenizer,
             template,

@@ -6,17 +6,29 @@
 //! its options lettered with *letter codes* (`A` to `Z`, then `AA`, `AB`,
 //! ..., each kept only where ` CODE` is one token of the served tokenizer,
 //! up to 255), a blank line and [`ANSWER_LINE`]; a yes/no question asked in
-//! words ends with [`YES_NO_LINE`] and reads ` yes` and ` no`. The user turn
-//! is the state, a blank line, the question; after the chat template's
-//! generation prompt (thinking off) the assistant turn is prefilled with
-//! [`ANSWER_PREFILL`], and the answer is read at the next position from the
-//! labels' tokens (` A`, ` B`, ...).
+//! words ends with [`YES_NO_LINE`] and reads `yes` and `no`. The user turn
+//! is the state, a blank line, the question. The rest is the base's
+//! [`PromptFormat`] (`WireSettings::format` in `crate::bases`):
 //!
-//! The state's prefix ends after the blank line that follows the state, where
-//! the question's own text begins (the reference splits there, so every
+//! - The Qwen base's, which a model of no base (the fixture) also takes: no
+//!   system turn; after the chat template's generation prompt (thinking off)
+//!   the assistant turn is prefilled with [`ANSWER_PREFILL`], and the answer
+//!   is read at the next position from one token a label (` A`, ` B`, ...).
+//! - The Gemma bases': a system turn ([`SYSTEM_PROMPT`]) first; the answer
+//!   read at the template's own first assistant position, right after its
+//!   generation prompt; every single-token form of a label read
+//!   ([`label_forms`]: ` A`, `A`, a byte-fallback token) and their
+//!   probabilities summed per label; and the header layout, the request's
+//!   questions listed before the state ([`layout_header`]).
+//!
+//! The state's prefix (with the system turn and the header, where the format
+//! has them) ends after the blank line that follows the state, where the
+//! question's own text begins (the reference splits there, so every
 //! question about one state shares those tokens exactly).
 
-pub use crate::bases::{NoulRendering, WireSettings};
+pub use crate::bases::{
+    AnswerSlot, LabelVariants, Layout, NoulRendering, PromptFormat, WireSettings,
+};
 use crate::prompt::TextTokenizer;
 
 /// The most options a wire question may have: the wire's cap (an 8-bit
@@ -34,6 +46,88 @@ pub const ANSWER_PREFILL: &str = "Answer:";
 
 /// The labels of a yes/no question asked in words, in answer order.
 pub const YES_NO_LABELS: [&str; 2] = [" yes", " no"];
+
+/// The system turn of the Gemma bases' prompt: four sentences from the
+/// reference decisio (`decisio/readout/system_prompt.py`, which marks the
+/// text MIT-licensed, Copyright (c) 2026 Nood Co and contributors),
+/// reproduced as data under that licence.
+pub const SYSTEM_PROMPT: &str = "You are a calibration engine. You never answer in prose. You are \
+     given a state, a question and a numbered set of options, and you choose exactly one option. \
+     You reply with that option's LETTER and nothing else \u{2014} a single character, no words, \
+     no punctuation, no explanation.";
+
+/// The heading of the header layout's list of the request's questions.
+pub const QUESTIONS_HEAD: &str = "Questions that will be asked about the context:\n";
+
+/// The header layout's lines before the state: [`QUESTIONS_HEAD`], one
+/// `- <instructions>` line a question, in the request's order, and a blank
+/// line.
+pub fn layout_header<'a>(instructions: impl IntoIterator<Item = &'a str>) -> String {
+    let mut out = QUESTIONS_HEAD.to_string();
+    for text in instructions {
+        out.push_str(&format!("- {text}\n"));
+    }
+    out.push('\n');
+    out
+}
+
+/// The token ids a label (a code such as `A`, or `yes`) is read from under
+/// `format`, in a fixed order: one token, the form its slot reads (` A`
+/// after `Answer:`, `A` in the template's slot), under single variants;
+/// under summed ones every form that is one token and reads back as itself
+/// (` A`, `A`; for `yes` and `no` also ` Yes` and `Yes`), then a
+/// byte-fallback token for a one-character label where the tokenizer has
+/// one (`<0x41>`), each once. `None` when no form is one token (or, under
+/// single variants, the slot's form is not).
+pub fn label_forms(
+    tokenizer: &TextTokenizer,
+    label: &str,
+    format: &PromptFormat,
+) -> Option<Vec<u32>> {
+    let one = |text: &str| match tokenizer.encode(text, false) {
+        Ok(ids) if ids.len() == 1 => Some(ids[0]),
+        _ => None,
+    };
+    if format.variants == LabelVariants::Single {
+        let text = match format.slot {
+            AnswerSlot::Prefill => format!(" {label}"),
+            AnswerSlot::Template => label.to_string(),
+        };
+        return one(&text).map(|id| vec![id]);
+    }
+    let mut texts = vec![format!(" {label}"), label.to_string()];
+    if label.chars().all(|c| c.is_ascii_lowercase()) {
+        let capital: String = label[..1].to_uppercase() + &label[1..];
+        texts.push(format!(" {capital}"));
+        texts.push(capital);
+    }
+    let reads_back = |id: u32, text: &str| {
+        tokenizer
+            .decode(&[id], false)
+            .is_ok_and(|back| back == text)
+    };
+    let mut out: Vec<u32> = Vec::new();
+    let mut keep = |id: u32| {
+        if !out.contains(&id) {
+            out.push(id);
+        }
+    };
+    for text in &texts {
+        if let Some(id) = one(text).filter(|&id| reads_back(id, text)) {
+            keep(id);
+        }
+    }
+    if let [byte] = label.as_bytes() {
+        let name = format!("<0x{byte:02X}>");
+        if let Some(id) = tokenizer
+            .token_to_id(&name)
+            .filter(|&id| tokenizer.id_to_token(id).as_deref() == Some(name.as_str()))
+        {
+            keep(id);
+        }
+    }
+    (!out.is_empty()).then_some(out)
+}
 
 /// How a wire question is asked.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

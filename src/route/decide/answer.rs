@@ -4,7 +4,7 @@
 
 use super::{Answer, Question};
 use crate::route::wire::WireAsk;
-use crate::route::TextRoute;
+use crate::route::{RouteError, TextRoute};
 use crate::stats::head::Head;
 use crate::stats::{self, top_option};
 
@@ -18,6 +18,27 @@ pub fn calibrate(logits: &[f32], temperature: f64) -> Vec<f32> {
 /// letters, in f64, stored as f32.
 pub fn calibrated_logprobs(logits: &[f32], temperature: f64) -> Vec<f32> {
     f32s(stats::log_softmax(logits, temperature))
+}
+
+/// Per-label values from per-form ones, `sizes` the number of forms each
+/// label is read from, in order: the log of each label's summed
+/// probability, the log-sum-exp of its forms' logits or log-probabilities,
+/// in f64 (a label read from one form keeps its value).
+pub fn sum_forms(values: &[f32], sizes: &[usize]) -> Vec<f32> {
+    let mut out = Vec::with_capacity(sizes.len());
+    let mut at = 0;
+    for &n in sizes {
+        let forms: Vec<f64> = values[at..at + n].iter().map(|&v| f64::from(v)).collect();
+        at += n;
+        let top = forms.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let sum = if top == f64::NEG_INFINITY {
+            top
+        } else {
+            top + forms.iter().map(|v| (v - top).exp()).sum::<f64>().ln()
+        };
+        out.push(sum as f32);
+    }
+    out
 }
 
 /// f64 values stored as f32, as answers serve them.
@@ -34,12 +55,44 @@ impl TextRoute {
                 .iter()
                 .map(|(code, _)| code.clone())
                 .collect(),
-            Some(WireAsk::Letters) => self.wire_codes[..q.options.len()]
+            Some(WireAsk::Letters) => self
+                .wire_codes(q.options.len())
+                .unwrap_or_default()
                 .iter()
                 .map(|(code, _)| code.clone())
                 .collect(),
             Some(WireAsk::YesNoWords) => vec!["yes".into(), "no".into()],
         }
+    }
+
+    /// Per-label values from the values of the tokens [`Self::label_reads`]
+    /// reads for `q`, in that order: each label's summed over its forms
+    /// ([`sum_forms`]) where a label is read from more than one; as they are
+    /// otherwise, and for a packed prompt's, which reads one letter a label
+    /// whatever the format.
+    pub(super) fn label_values(
+        &self,
+        q: &Question,
+        values: &[f32],
+    ) -> Result<Vec<f32>, RouteError> {
+        let sizes: Vec<usize> = self.label_reads(q)?.iter().map(Vec::len).collect();
+        if sizes.iter().all(|&n| n == 1) || values.len() != sizes.iter().sum::<usize>() {
+            return Ok(values.to_vec());
+        }
+        Ok(sum_forms(values, &sizes))
+    }
+
+    /// The answer from the logits and log-probabilities of the tokens
+    /// [`Self::label_reads`] reads, in that order ([`Self::label_values`]).
+    pub(super) fn answer_read(
+        &self,
+        q: Question,
+        logits: &[f32],
+        logprobs: &[f32],
+    ) -> Result<Answer, RouteError> {
+        let logits = self.label_values(&q, logits)?;
+        let logprobs = self.label_values(&q, logprobs)?;
+        Ok(self.answer(q, &logits, &logprobs))
     }
 
     /// The answer from the letters' logits: temperature (the request's, else
@@ -154,6 +207,24 @@ mod tests {
         let lp = calibrated_logprobs(&[2.0, 1.0, 0.0], 0.0005);
         assert!(lp.iter().all(|v| v.is_finite()), "{lp:?}");
         assert_eq!(lp[0], 0.0);
+    }
+
+    #[test]
+    fn summed_forms_add_their_probabilities() {
+        // Two forms of 0.2 and 0.1 make a label of 0.3; a single form keeps
+        // its value bit for bit.
+        let lp = [0.2f32.ln(), 0.1f32.ln(), 0.05f32.ln()];
+        let s = sum_forms(&lp, &[2, 1]);
+        assert!((f64::from(s[0]).exp() - 0.3).abs() < 1e-6, "{s:?}");
+        assert_eq!(s[1], lp[2]);
+        // Logits far apart stay finite (log-sum-exp, not the sum of exps).
+        let s = sum_forms(&[1000.0, 999.0, -1000.0], &[2, 1]);
+        assert!((s[0] - (1000.0 + (1.0 + (-1.0f64).exp()).ln() as f32)).abs() < 1e-3);
+        assert_eq!(s[1], -1000.0);
+        assert_eq!(
+            sum_forms(&[f32::NEG_INFINITY; 2], &[2]),
+            [f32::NEG_INFINITY]
+        );
     }
 
     #[test]

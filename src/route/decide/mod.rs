@@ -301,7 +301,7 @@ impl TextRoute {
                     })?;
                     intent_answer(q, &head, hidden)
                 }
-                None => self.answer(q, &score.logits, &score.logprobs),
+                None => self.answer_read(q, &score.logits, &score.logprobs)?,
             };
             if answer.abstained {
                 self.metrics.abstentions.inc();
@@ -322,10 +322,15 @@ impl TextRoute {
     }
 
     /// The raw letter logits of one question on a state, as a decision
-    /// reads them, without the prefix cache and without serving metrics
+    /// reads them (one a label: a label read from several forms has their
+    /// log-sum-exp), without the prefix cache and without serving metrics
     /// (task registration scores its examples with it).
     pub async fn readout(&self, state: State, question: Question) -> Result<Vec<f32>, RouteError> {
-        Ok(self.score_alone(state, question, false, None).await?.logits)
+        let logits = self
+            .score_alone(state, question.clone(), false, None)
+            .await?
+            .logits;
+        self.label_values(&question, &logits)
     }
 
     /// The hidden state at the answer position of `question` on `state`

@@ -8,7 +8,7 @@ use super::{
     PACKED_SEPARATOR,
 };
 use crate::engine::{PackedPrompt, PadPolicy, QuestionTokens, StateHash};
-use crate::route::wire::{self, WireAsk};
+use crate::route::wire::{self, LabelVariants, Layout, WireAsk};
 use crate::route::{RouteError, TextRoute};
 
 impl TextRoute {
@@ -28,34 +28,66 @@ impl TextRoute {
             .collect()
     }
 
-    /// The token ids a question's answer is read from: its options' letters
-    /// (letter codes on the System One wire, ` yes` and ` no` for a yes/no
-    /// question in words); an intent question reads one letter (unused: the
-    /// head reads the hidden state).
-    fn read_ids(&self, q: &Question) -> Result<Vec<u32>, RouteError> {
+    /// The token ids a question's answer is read from, a list a label: its
+    /// options' letters (letter codes on the System One wire, read in the
+    /// forms the base's prompt format reads, [`wire::label_forms`]; `yes`
+    /// and `no` for a yes/no question in words); an intent question reads
+    /// one letter (unused: the head reads the hidden state).
+    pub(super) fn label_reads(&self, q: &Question) -> Result<Vec<Vec<u32>>, RouteError> {
+        let summed = self.wire.format.variants == LabelVariants::Summed;
         Ok(match &q.wire {
             Some(WireAsk::YesNoWords) => self
-                .yes_no_ids
+                .yes_no_forms
+                .clone()
                 .ok_or_else(|| {
                     invalid(
                         "questions",
-                        "this tokenizer does not write ` yes` and ` no` as one token each, so a \
-                         yes/no question cannot be asked in words",
+                        "this tokenizer does not write `yes` and `no` in the forms this base \
+                         reads them as one token each, so a yes/no question cannot be asked \
+                         in words",
                     )
                 })?
                 .to_vec(),
+            Some(WireAsk::Letters) if summed => {
+                let n = self.wire_codes(q.options.len())?.len();
+                self.wire_forms[..n].to_vec()
+            }
             Some(WireAsk::Letters) => self
                 .wire_codes(q.options.len())?
                 .iter()
-                .map(|(_, id)| *id)
+                .map(|(_, id)| vec![*id])
                 .collect(),
-            None if q.head.is_some() => vec![self.letter_codes[0].1],
+            None if q.head.is_some() => vec![vec![self.letter_codes[0].1]],
             None => self
                 .decide_codes(q.options.len())?
                 .iter()
-                .map(|(_, id)| *id)
+                .map(|(_, id)| vec![*id])
                 .collect(),
         })
+    }
+
+    /// The token ids a question's answer is read from: every label's
+    /// ([`Self::label_reads`]), in label order.
+    fn read_ids(&self, q: &Question) -> Result<Vec<u32>, RouteError> {
+        Ok(self.label_reads(q)?.concat())
+    }
+
+    /// The request's state as its System One questions are asked about it:
+    /// under the header layout the questions' instructions listed first
+    /// ([`wire::layout_header`]); the state itself otherwise.
+    pub fn wire_state(&self, state: &State, questions: &[Question]) -> State {
+        match (state, self.wire_header(questions)) {
+            (State::Text(text), Some(header)) => State::Text(format!("{header}{text}")),
+            _ => state.clone(),
+        }
+    }
+
+    /// The header of a System One request under the header layout (counted
+    /// in `usage.input_tokens`), or `None`.
+    pub fn wire_header(&self, questions: &[Question]) -> Option<String> {
+        let wire = questions.first().is_some_and(|q| q.wire.is_some());
+        (wire && self.wire.format.layout == Layout::Header)
+            .then(|| wire::layout_header(questions.iter().map(|q| q.text.trim())))
     }
 
     /// The state hash of a prefix on this model, tokenizer and padding.
@@ -197,6 +229,7 @@ impl TextRoute {
     ) -> Result<(Vec<u32>, Vec<QuestionTokens>), RouteError> {
         let mut prefix_text: Option<String> = None;
         let mut suffixes = Vec::with_capacity(questions.len());
+        let state = &self.wire_state(state, questions);
         for (i, q) in questions.iter().enumerate() {
             check_question(q, &format!("questions[{i}]"))?;
             let r = self.render_decision(state, q)?;

@@ -7,7 +7,7 @@ use serde_json::{Map, Value};
 
 use super::{invalid, Question, State, LETTERS};
 use crate::prompt::ChatTemplate;
-use crate::route::wire::{self, WireAsk};
+use crate::route::wire::{self, AnswerSlot, PromptFormat, WireAsk};
 use crate::route::{RouteError, TextRoute};
 
 /// The line after the options that asks for the answer.
@@ -84,23 +84,36 @@ pub fn render(
     q: &Question,
     codes: &[String],
 ) -> Result<Rendered, RouteError> {
-    render_block(template, state, question_block(q, codes), Split::AfterState)
+    render_block(
+        template,
+        state,
+        question_block(q, codes),
+        Split::AfterState,
+        None,
+    )
 }
 
 /// Renders a System One question on a state in the wire's layout
-/// ([`crate::route::wire`]): the question's own text after the state's
-/// blank line, `Answer:` after the generation prompt; the text splits where
-/// the question's own text begins. `codes` letter its options.
+/// ([`crate::route::wire`]) under a base's prompt `format`: the system turn
+/// where the format has one, the question's own text after the state's
+/// blank line, and `Answer:` after the generation prompt under the prefill
+/// slot (nothing under the template's); the text splits where the
+/// question's own text begins. `codes` letter its options. Under the header
+/// layout `state` already starts with the header ([`wire::layout_header`]).
 pub fn render_wire(
     template: &ChatTemplate,
     state: &State,
     q: &Question,
     ask: &WireAsk,
     codes: &[String],
+    format: &PromptFormat,
 ) -> Result<Rendered, RouteError> {
     let block = wire::question_text(ask, q.text.trim(), &q.options, codes);
-    let mut r = render_block(template, state, block, Split::AfterBlankLine)?;
-    r.suffix.push_str(wire::ANSWER_PREFILL);
+    let system = format.system_turn.then_some(wire::SYSTEM_PROMPT);
+    let mut r = render_block(template, state, block, Split::AfterBlankLine, system)?;
+    if format.slot == AnswerSlot::Prefill {
+        r.suffix.push_str(wire::ANSWER_PREFILL);
+    }
     Ok(r)
 }
 
@@ -123,19 +136,27 @@ pub fn render_packed(
     state: &State,
     questions: &[Question],
 ) -> Result<Rendered, RouteError> {
-    render_block(template, state, packed_block(questions), Split::AfterState)
+    render_block(
+        template,
+        state,
+        packed_block(questions),
+        Split::AfterState,
+        None,
+    )
 }
 
 /// Renders a question block (one question's, or a packed prompt's) after a
-/// state and splits the text where the state ends.
+/// state, behind a system turn when `system` is given, and splits the text
+/// where the state ends.
 fn render_block(
     template: &ChatTemplate,
     state: &State,
     block: String,
     split: Split,
+    system: Option<&str>,
 ) -> Result<Rendered, RouteError> {
     let kwargs = decision_kwargs(template);
-    let (messages, content, keep) = match state {
+    let (mut messages, content, keep) = match state {
         State::Text(text) => {
             let content = format!("{text}\n\n{block}");
             let keep = match split {
@@ -154,6 +175,9 @@ fn render_block(
             (m, block.clone(), 0)
         }
     };
+    if let Some(system) = system {
+        messages.insert(0, serde_json::json!({"role": "system", "content": system}));
+    }
     let text = template
         .render(&messages, true, &kwargs)
         .map_err(|e| invalid("messages", e.to_string()))?;
@@ -191,7 +215,7 @@ impl TextRoute {
                     .iter()
                     .map(|(c, _)| c.clone())
                     .collect();
-                render_wire(&self.template, state, q, ask, &codes)
+                render_wire(&self.template, state, q, ask, &codes, &self.wire.format)
             }
         }
     }
@@ -212,16 +236,24 @@ impl TextRoute {
         })
     }
 
-    /// The first `n` letter codes of the System One wire, with their token
-    /// ids; refused when the tokenizer has fewer.
+    /// The first `n` letter codes of the System One wire, with the token
+    /// id of the form a single-form read takes; refused when the tokenizer
+    /// has fewer. The codes whose spaced form is one token (` A`), or, where
+    /// the base's format reads the bare form alone, those whose bare form is
+    /// ([`crate::route::wire::PromptFormat::bare_codes`]).
     pub fn wire_codes(&self, n: usize) -> Result<&[(String, u32)], RouteError> {
-        self.wire_codes.get(..n).ok_or_else(|| {
+        let codes = if self.wire.format.bare_codes() {
+            &self.letter_codes
+        } else {
+            &self.wire_codes
+        };
+        codes.get(..n).ok_or_else(|| {
             invalid(
                 "options",
                 format!(
                     "{n} options, but this tokenizer writes only {} letter codes as one token \
                      each; send at most that many options",
-                    self.wire_codes.len()
+                    codes.len()
                 ),
             )
         })

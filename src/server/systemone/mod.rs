@@ -111,6 +111,9 @@ pub async fn systemone(
         .collect();
     let state_text = state_text(&request.state);
     let mut input_tokens = state.route.count_tokens(&state_text)?;
+    if let Some(header) = state.route.wire_header(&questions) {
+        input_tokens += state.route.count_tokens(&header)?;
+    }
     for q in &questions {
         // An intent task's question is its instructions alone.
         let text = match q.head {
