@@ -20,7 +20,9 @@
 //! Every function is deterministic: given its inputs (and a seed, where it
 //! draws), it computes the same bits on every run.
 
+pub mod beta;
 pub mod calibrate;
+pub mod certify;
 pub mod head;
 mod softmax;
 
