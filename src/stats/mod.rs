@@ -23,6 +23,7 @@
 pub mod beta;
 pub mod calibrate;
 pub mod certify;
+pub mod conformal;
 pub mod head;
 mod softmax;
 
