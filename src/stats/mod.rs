@@ -14,8 +14,14 @@
 //!   temperature on a calibration part), its application to a hidden state
 //!   and its draws.
 //!
-//! Risk certificates (Learn-then-Test with Clopper–Pearson bounds) and
-//! conformal prediction sets belong here too.
+//! - [`beta`]: the regularized incomplete beta function and the Beta
+//!   quantile, in f64.
+//! - [`certify`]: certified answers, a confidence threshold with a bound
+//!   on the error rate above it (Learn-then-Test with Clopper–Pearson
+//!   bounds, as the reference decisio's `readout/certify.py` computes it),
+//!   and the fewest held-out examples that can certify anything.
+//! - [`conformal`]: split-conformal prediction sets for multiple choice
+//!   (LAC and APS scores).
 //!
 //! Every function is deterministic: given its inputs (and a seed, where it
 //! draws), it computes the same bits on every run.
