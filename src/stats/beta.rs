@@ -253,8 +253,8 @@ mod tests {
     #[test]
     fn closed_forms_of_the_incomplete_beta() {
         // I_x(1, b) = 1 − (1 − x)^b and I_x(a, 1) = x^a.
-        for &(b, x) in &[(1.0, 0.3), (7.0, 0.01), (2000.0, 1e-4), (1e5, 3e-5)] {
-            let want: f64 = -((b * (-x as f64).ln_1p()).exp_m1());
+        for &(b, x) in &[(1.0_f64, 0.3_f64), (7.0, 0.01), (2000.0, 1e-4), (1e5, 3e-5)] {
+            let want: f64 = -((b * (-x).ln_1p()).exp_m1());
             close(beta_inc(1.0, b, x), want, 1e-13);
             // The argument 1 − x is rounded: compare at the rounded value.
             let y: f64 = 1.0 - x;
