@@ -727,19 +727,7 @@ fn gemma_4_31b_serves_every_route_feature() {
 fn systemone_matrix(base: &str, model: &str, tokenizer: &str) {
     let mlx = serve(base, model, tokenizer, &[]);
     let url = mlx.url();
-    let vllm = serve(
-        base,
-        model,
-        tokenizer,
-        &[
-            "--backend",
-            "vllm",
-            "--upstream",
-            &url,
-            "--pad-policy",
-            "none",
-        ],
-    );
+    let vllm = serve(base, model, tokenizer, &common::unpadded_gateway_args(&url));
     // Short keys: a tiny tokenizer spends a token per byte of text.
     let many: serde_json::Map<String, Value> =
         (0..255).map(|i| (format!("s{i}"), Value::Null)).collect();

@@ -408,14 +408,7 @@ fn gemma_prompts_are_the_reference_decisios_token_for_token() {
 fn mlx_and_gateway(flags: &[&str]) -> (Server, Server) {
     let mlx = Server::start(flags);
     let url = mlx.url();
-    let mut args = vec![
-        "--backend",
-        "vllm",
-        "--upstream",
-        &url,
-        "--pad-policy",
-        "none",
-    ];
+    let mut args = common::unpadded_gateway_args(&url);
     args.extend(flags);
     let gateway = Server::start(&args);
     (mlx, gateway)

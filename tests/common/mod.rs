@@ -70,6 +70,20 @@ pub fn fresh_dir(name: &str) -> PathBuf {
     dir
 }
 
+/// The flags of a vLLM-backend gateway in front of `upstream` (a decisio
+/// MLX server, which speaks vLLM's API), unpadded so that both read the
+/// same prompt.
+pub fn unpadded_gateway_args(upstream: &str) -> Vec<&str> {
+    vec![
+        "--backend",
+        "vllm",
+        "--upstream",
+        upstream,
+        "--pad-policy",
+        "none",
+    ]
+}
+
 /// Reference figures written by `make reference`.
 pub fn reference_file(name: &str) -> PathBuf {
     let dir = std::env::var_os("DECISIO_REFERENCE_DIR")
