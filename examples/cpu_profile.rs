@@ -260,7 +260,7 @@ fn main() -> Result<()> {
         })?;
         let mut question = cache.clone();
         let asked = timed(&mut || {
-            model.read_question(&suffix, &mut question, &letters, false, None)?;
+            model.read_question(&suffix, &mut question, chunk, &letters, false, None)?;
             Ok(())
         })?;
         Ok([prefill, asked])

@@ -347,7 +347,14 @@ fn score(
         let started = Instant::now();
         let mut cache = snapshot.cache.clone();
         let tap = request.hidden_layer.filter(|_| request.hidden);
-        let reading = model.read_question(&q.suffix, &mut cache, &q.read, request.hidden, tap)?;
+        let reading = model.read_question(
+            &q.suffix,
+            &mut cache,
+            options.prefill_chunk,
+            &q.read,
+            request.hidden,
+            tap,
+        )?;
         let score = QuestionScore {
             logits: reading.logits,
             logprobs: reading.logprobs,
@@ -412,39 +419,60 @@ fn host_row(a: &Array) -> MlxResult<Vec<f32>> {
     Ok(a.as_slice::<f32>().to_vec())
 }
 
-/// The last hidden state of `prompt` and the caches after it: continued
-/// from the longest kept prompt it extends (its rest run as a decision runs
-/// a question's suffix), else prefilled from position 0 as a decision
-/// prefills a state and then kept for later prompts.
+/// The last hidden state of `prompt` and the caches after it: the same
+/// prompt kept before (as vLLM's prefix cache answers a prompt sent again:
+/// a vLLM-backend gateway reads more letter ids than one request carries
+/// in several requests on one prompt), else continued from the longest kept
+/// prompt it extends (its rest run as a decision runs a question's suffix),
+/// else prefilled from position 0 as a decision prefills a state; then kept
+/// for later prompts.
 fn prefill_prompt(
     model: &MlxModel,
     options: &MlxOptions,
     kept: Kept<'_>,
     prompt: &[u32],
 ) -> MlxResult<(Array, ModelCache)> {
-    for (len, key) in kept.index.prefixes_of(prompt) {
-        if let Some(snapshot) = kept.cache.peek(&key) {
+    let key = prompt_key(prompt);
+    if let Some(snapshot) = kept.cache.peek(&key) {
+        if let Some(last) = &snapshot.last {
+            tracing::debug!("completion of {} tokens: a kept prompt", prompt.len());
+            return Ok((last.clone(), snapshot.cache.clone()));
+        }
+    }
+    let continued = kept
+        .index
+        .prefixes_of(prompt)
+        .into_iter()
+        .find_map(|(len, key)| {
+            let snapshot = kept.cache.peek(&key)?;
+            Some((len, snapshot.cache.clone()))
+        });
+    let (last, cache) = match continued {
+        Some((len, mut cache)) => {
             tracing::debug!(
                 "completion of {} tokens continues a kept prompt of {len}",
                 prompt.len()
             );
-            let mut cache = snapshot.cache.clone();
-            // In one pass, as a decision runs a question's suffix (whatever
-            // its length: both are bounded by the context length).
-            let last = model.last_hidden(&prompt[len..], &mut cache)?;
-            return Ok((last, cache));
+            // As a decision runs a question's suffix on its state.
+            let last = model
+                .run_chunked(&prompt[len..], &mut cache, options.prefill_chunk, None)?
+                .normed;
+            (last, cache)
         }
-    }
-    tracing::debug!("completion of {} tokens: no kept prompt", prompt.len());
-    let mut cache = model.new_cache();
-    let last = model.prefill(prompt, &mut cache, options.prefill_chunk)?;
+        None => {
+            tracing::debug!("completion of {} tokens: no kept prompt", prompt.len());
+            let mut cache = model.new_cache();
+            let last = model.prefill(prompt, &mut cache, options.prefill_chunk)?;
+            (last, cache)
+        }
+    };
     cache.eval()?;
     if kept.cache.enabled() {
-        let key = prompt_key(prompt);
-        if kept
-            .cache
-            .insert(key, Arc::new(Snapshot::new(cache.clone(), 0)))
-        {
+        last.eval()?;
+        if kept.cache.insert(
+            key,
+            Arc::new(Snapshot::of_prompt(cache.clone(), last.clone())),
+        ) {
             kept.index.record(prompt, key);
         }
     }

@@ -17,6 +17,11 @@ use crate::engine::{QuestionScore, QuestionTokens};
 /// with the scores of questions already answered on it.
 pub(super) struct Snapshot {
     pub cache: ModelCache,
+    /// A kept prompt's final hidden state at its last position, so that the
+    /// same prompt again (a vLLM-backend gateway reading more than one
+    /// request's worth of letter ids on it) is answered from it, as vLLM's
+    /// prefix cache answers it.
+    pub last: Option<mlx_rs::Array>,
     /// The caches' bytes and room for `answers_per_state` answers.
     bytes: usize,
     pub answers: Mutex<HashMap<[u8; 32], QuestionScore>>,
@@ -27,8 +32,16 @@ impl Snapshot {
         Snapshot {
             bytes: cache.nbytes() + answer_room,
             cache,
+            last: None,
             answers: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// A kept prompt's snapshot, with its last position's hidden state.
+    pub fn of_prompt(cache: ModelCache, last: mlx_rs::Array) -> Self {
+        let mut snapshot = Snapshot::new(cache, last.nbytes());
+        snapshot.last = Some(last);
+        snapshot
     }
 }
 

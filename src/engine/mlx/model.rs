@@ -150,29 +150,53 @@ impl MlxModel {
         cache: &mut ModelCache,
         chunk: usize,
     ) -> MlxResult<Array> {
-        let mut last = None;
-        for part in tokens.chunks(chunk.max(1)) {
-            last = Some(self.last_hidden(part, cache)?);
-            if part.len() == chunk {
-                cache.eval()?;
+        Ok(self.run_chunked(tokens, cache, chunk, None)?.normed)
+    }
+
+    /// Runs `tokens` from `cache` in chunks of at most `chunk`, evaluating
+    /// the cache after each whole chunk, and returns the last position's
+    /// final hidden state (and block `tap`'s). A state's prefill and a
+    /// question's suffix run alike: one pass when they fit in a chunk, and
+    /// a long suffix (a choice among hundreds of options) costs what a
+    /// prefill of its length costs, not the square of one pass's
+    /// attention scores.
+    pub fn run_chunked(
+        &self,
+        tokens: &[u32],
+        cache: &mut ModelCache,
+        chunk: usize,
+        tap: Option<usize>,
+    ) -> MlxResult<LastHidden> {
+        let chunk = chunk.max(1);
+        let mut parts = tokens.chunks(chunk).peekable();
+        while let Some(part) = parts.next() {
+            if parts.peek().is_none() {
+                let last = self.last_hidden_tap(part, cache, tap)?;
+                if part.len() == chunk {
+                    cache.eval()?;
+                }
+                return Ok(last);
             }
+            self.last_hidden(part, cache)?;
+            cache.eval()?;
         }
-        last.ok_or_else(|| MlxError::Config("an empty prompt has no next token".into()))
+        Err(MlxError::Config("an empty prompt has no next token".into()))
     }
 
     /// A question on a state: `suffix` run from `cache` (the state's,
-    /// extended), and at its last position the float32 logits of the ids
+    /// extended) in chunks of at most `chunk`, and at its last position the float32 logits of the ids
     /// `read` and their log-probabilities over the vocabulary, and with
     /// `hidden` the final norm's output (or block `tap`'s).
     pub fn read_question(
         &self,
         suffix: &[u32],
         cache: &mut ModelCache,
+        chunk: usize,
         read: &[u32],
         hidden: bool,
         tap: Option<usize>,
     ) -> MlxResult<Reading> {
-        let taken = self.last_hidden_tap(suffix, cache, tap)?;
+        let taken = self.run_chunked(suffix, cache, chunk, tap)?;
         let last = taken.normed;
         let logits = ops::reshape(self.logits(&last)?.as_type::<f32>()?, &[-1])?;
         let norm = ops::logsumexp(&logits, false)?;
