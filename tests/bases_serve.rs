@@ -782,6 +782,26 @@ fn systemone_matrix(base: &str, model: &str, tokenizer: &str) {
             assert_eq!(x["choice"], y["choice"], "{base} {id}");
         }
     }
+    // The three orders of the team question, averaged alike on both.
+    let orders = json!({"state": body["state"], "x_orders": 3,
+                        "questions": {"team": body["questions"]["team"]}});
+    let read = |s: &Server| {
+        let r = s.post_json("/v1/systemone", &orders);
+        assert_eq!(r.status, 200, "{base}: {}", r.text());
+        r.json()["answers"]["team"].clone()
+    };
+    let (x, y) = (read(&mlx), read(&vllm));
+    assert_eq!(
+        (&x["x_orders"], &y["x_orders"]),
+        (&json!(3), &json!(3)),
+        "{base}"
+    );
+    for (k, p) in x["probabilities"].as_object().unwrap() {
+        assert!(
+            (finite(p) - finite(&y["probabilities"][k])).abs() < 1e-5,
+            "{base} orders {k}: {x} vs {y}"
+        );
+    }
     // /v1/decide takes the same 255 options, lettered up to the 255th code.
     let options: Vec<String> = (0..255).map(|i| format!("s{i}")).collect();
     let asked = json!({"state": body["state"]["message"], "questions": [

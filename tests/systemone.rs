@@ -610,3 +610,95 @@ fn the_gemma_format_sums_every_form_of_a_label_on_both_backends() {
     assert!(past_128 >= 1, "{past_128} questions past 128 forms");
     eprintln!("{compared} questions alike on both backends, {past_128} of them past 128 forms");
 }
+
+#[test]
+fn x_orders_averages_the_cyclic_orders_of_the_options_on_both_backends() {
+    // In the Gemma format (its header lists the request's questions, so the
+    // orders must not list the question again, and every form of a letter
+    // is summed): `x_orders: 5` on five options is the normalised geometric
+    // mean of the five rotations, each asked alone in its own request.
+    let (mlx, gateway) = mlx_and_gateway(&GEMMA_FORMAT);
+    let keys = ["Billing", "Technical", "Sales", "Legal", "Shipping"];
+    let asked = |order: &[usize], orders: Option<usize>| {
+        let criteria: serde_json::Map<String, Value> = order
+            .iter()
+            .map(|&i| (keys[i].to_string(), Value::Null))
+            .collect();
+        let mut body = json!({"state": TICKET, "questions": {
+            "team": {"type": "choice", "instructions": "Which team should handle this ticket?",
+                     "criteria": criteria},
+            "refund": {"type": "noul", "instructions": "Does the customer want a refund?"}}});
+        if let Some(k) = orders {
+            body["x_orders"] = json!(k);
+        }
+        body
+    };
+    let identity = [0, 1, 2, 3, 4];
+    let averaged = ask(&mlx, &asked(&identity, Some(5)));
+    let team = &averaged["answers"]["team"];
+    assert_eq!(team["x_orders"], 5, "{team}");
+    // A yes/no question asked as two lettered options is read in both.
+    assert_eq!(averaged["answers"]["refund"]["x_orders"], 2, "{averaged}");
+    let mut mean = [0.0f64; 5];
+    for r in 0..5 {
+        let order = decisio::route::decide::rotation(5, r, 5);
+        let one = ask(&mlx, &asked(&order, None));
+        for (k, p) in probabilities(&one["answers"]["team"]) {
+            let i = keys.iter().position(|&key| key == k).unwrap();
+            mean[i] += p.ln() / 5.0;
+        }
+    }
+    let total: f64 = mean.iter().map(|v| v.exp()).sum();
+    let got = probabilities(team);
+    let names: Vec<&str> = got.iter().map(|(k, _)| k.as_str()).collect();
+    assert_eq!(names, keys, "keyed in the order sent");
+    for (i, (_, p)) in got.iter().enumerate() {
+        // The average is kept in float32, as the letters' logits are.
+        let want = mean[i].exp() / total;
+        assert!((p - want).abs() < 1e-6, "{}: {p} vs {want}", keys[i]);
+    }
+    // One order is the question asked once, bit for bit.
+    let once = ask(&mlx, &asked(&identity, Some(1)));
+    let plain = ask(&mlx, &asked(&identity, None));
+    assert_eq!(once["answers"]["team"]["x_orders"], 1);
+    assert_eq!(
+        once["answers"]["team"]["probabilities"],
+        plain["answers"]["team"]["probabilities"]
+    );
+    // The vLLM backend averages alike.
+    let through = ask(&gateway, &asked(&identity, Some(5)));
+    for ((k, p), (_, q)) in got.iter().zip(probabilities(&through["answers"]["team"])) {
+        assert!(
+            (p - q).abs() < 1e-5,
+            "{k}: {p} on MLX, {q} through the vLLM backend"
+        );
+    }
+    // /v1/decide takes it too; out of range or over the request's questions
+    // is refused in each route's shape.
+    let decide = |orders: Value, n: usize| {
+        let q = json!({"text": "Which team should handle this ticket?",
+                       "options": ["billing", "technical", "sales"]});
+        mlx.post_json(
+            "/v1/decide",
+            &json!({"state": TICKET, "questions": vec![q; n], "x_orders": orders}),
+        )
+    };
+    let r = decide(json!(3), 2);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["answers"][1]["x_orders"], 3);
+    for (orders, n) in [(json!(0), 1), (json!(256), 1), (json!(3), 100)] {
+        let r = decide(orders.clone(), n);
+        assert_eq!(r.status, 400, "{orders} x {n}: {}", r.text());
+        assert_eq!(r.json()["error"]["param"], "x_orders", "{}", r.text());
+    }
+    for bad in [json!(0), json!("2"), json!(1.5)] {
+        let mut body = asked(&identity, None);
+        body["x_orders"] = bad.clone();
+        let detail = invalid(&mlx, body.to_string().as_bytes());
+        assert_eq!(
+            detail[0]["loc"],
+            json!(["body", "x_orders"]),
+            "{bad}: {detail:?}"
+        );
+    }
+}

@@ -35,6 +35,9 @@ pub struct DecideRequest {
     pub state: String,
     pub questions: Vec<DecideQuestion>,
     pub multi_question: Option<String>,
+    /// Each question read in this many cyclic orders of its options and
+    /// answered from their average (`route::decide::orders`).
+    pub x_orders: Option<usize>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -67,6 +70,10 @@ pub struct AnswerOut {
     pub abstained: bool,
     pub abstain_reason: Option<String>,
     pub tie: bool,
+    /// The cyclic orders the answer was averaged over, when the request
+    /// asked `x_orders`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub x_orders: Option<usize>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -193,6 +200,7 @@ pub fn answer_out(a: &Answer) -> AnswerOut {
         abstained: a.abstained,
         abstain_reason: a.abstain_reason.clone(),
         tie: a.tie,
+        x_orders: None,
     }
 }
 
@@ -216,7 +224,12 @@ pub async fn decide(
     let (questions, mode) = validate(&body, &state.tasks)?;
     let decision = state
         .route
-        .decide(RouteState::Text(body.state), questions, mode)
+        .decide_in_orders(
+            RouteState::Text(body.state),
+            questions,
+            mode,
+            body.x_orders.unwrap_or(1),
+        )
         .await?;
     Ok(HttpResponse::Ok().json(DecideResponse {
         id: new_id("decide"),
@@ -224,7 +237,14 @@ pub async fn decide(
         created: unix_now(),
         model: state.model_name.clone(),
         state: state_out(&decision),
-        answers: decision.answers.iter().map(answer_out).collect(),
+        answers: decision
+            .answers
+            .iter()
+            .map(|a| AnswerOut {
+                x_orders: body.x_orders.map(|_| a.orders),
+                ..answer_out(a)
+            })
+            .collect(),
         usage: DecideUsage {
             prompt_tokens: decision.prompt_tokens,
             cached_tokens: decision.cached_tokens,

@@ -2,7 +2,8 @@
 //! (the letters' logits, or an intent head's on the hidden state, divided
 //! by the temperature), the tie-break and abstention.
 
-use super::{Answer, Question};
+use super::{orders, Answer, Question};
+use crate::engine::QuestionScore;
 use crate::route::wire::WireAsk;
 use crate::route::{RouteError, TextRoute};
 use crate::stats::head::Head;
@@ -95,6 +96,26 @@ impl TextRoute {
         Ok(self.answer(q, &logits, &logprobs))
     }
 
+    /// The answer to `q` from its reads in several orders (`read`: each
+    /// rotation as asked, with its score): each rotation's label values
+    /// mapped back to the options and averaged ([`orders::averaged`]),
+    /// then answered as one read is.
+    pub(super) fn answer_in_orders(
+        &self,
+        q: Question,
+        read: &[(Question, QuestionScore)],
+    ) -> Result<Answer, RouteError> {
+        let mut logits = Vec::with_capacity(read.len());
+        let mut logprobs = Vec::with_capacity(read.len());
+        for (asked, score) in read {
+            logits.push(self.label_values(asked, &score.logits)?);
+            logprobs.push(self.label_values(asked, &score.logprobs)?);
+        }
+        let mut answer = self.answer(q, &orders::averaged(&logits), &orders::averaged(&logprobs));
+        answer.orders = read.len();
+        Ok(answer)
+    }
+
     /// The answer from the letters' logits: temperature (the request's, else
     /// the base's default), abstention, tie-break.
     pub(super) fn answer(&self, q: Question, logits: &[f32], logprobs: &[f32]) -> Answer {
@@ -139,6 +160,7 @@ impl TextRoute {
             }),
             tie,
             top,
+            orders: 1,
         }
     }
 }
@@ -186,6 +208,7 @@ pub fn intent_answer(q: Question, head: &Head, hidden: &[f32]) -> Answer {
         }),
         tie,
         top,
+        orders: 1,
     }
 }
 

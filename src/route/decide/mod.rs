@@ -8,6 +8,7 @@
 //! an intent head).
 
 mod answer;
+mod orders;
 mod prepare;
 mod render;
 
@@ -17,6 +18,7 @@ use std::time::Instant;
 use serde_json::Value;
 
 pub use self::answer::{calibrate, calibrated_logprobs, intent_answer};
+pub use self::orders::{rotation, MAX_ORDERS};
 pub use self::render::{
     packed_block, packed_marker, question_block, render, render_packed, render_wire, Rendered,
     ANSWER_CUE, PACKED_CUE, PACKED_SEPARATOR,
@@ -120,6 +122,9 @@ pub struct Answer {
     pub tie: bool,
     /// The top option (chosen, or best when abstained).
     pub top: usize,
+    /// The cyclic orders of the options it was read in and averaged over
+    /// (`x_orders`, `orders.rs`); 1 for one read.
+    pub orders: usize,
 }
 
 /// The state as a decision saw it.
@@ -214,6 +219,19 @@ impl TextRoute {
         questions: Vec<Question>,
         mode: Option<MultiQuestion>,
     ) -> Result<Decision, RouteError> {
+        self.decide_in_orders(state, questions, mode, 1).await
+    }
+
+    /// Like [`Self::decide`], each question with lettered options asked in
+    /// `orders` cyclic orders of them (at most one per option) on the one
+    /// state read, and answered from their average (`orders.rs`).
+    pub async fn decide_in_orders(
+        self: &Arc<Self>,
+        state: State,
+        questions: Vec<Question>,
+        mode: Option<MultiQuestion>,
+        orders: usize,
+    ) -> Result<Decision, RouteError> {
         let caps = self.engine().capabilities();
         let mode = match mode {
             None => caps
@@ -251,11 +269,13 @@ impl TextRoute {
         }
         let started = Instant::now();
         let layer = head_layer(&questions)?;
+        let plan = orders::Plan::new(&questions, orders)?;
+        let asked = plan.asked(&questions);
         let (prefix, tokens, packed) = if mode == MultiQuestion::Packed {
-            let (prefix, tokens, packed) = self.prepare_packed(&state, &questions)?;
+            let (prefix, tokens, packed) = self.prepare_packed(&state, &asked)?;
             (prefix, tokens, Some(packed))
         } else {
-            let (prefix, tokens) = self.prepare(&state, &questions)?;
+            let (prefix, tokens) = self.prepare(&state, &questions, &asked)?;
             (prefix, tokens, None)
         };
         let hash = self.state_hash(&prefix);
@@ -287,13 +307,17 @@ impl TextRoute {
             .sum();
         let per_question = started.elapsed().as_secs_f64() / questions.len() as f64;
         let mut answers = Vec::with_capacity(questions.len());
-        for (q, score) in questions.into_iter().zip(result.questions) {
+        let mut scores = result.questions.into_iter();
+        let mut asked = asked.into_iter();
+        for (q, &k) in questions.into_iter().zip(&plan.orders) {
             self.metrics
                 .question_seconds
                 .with_label_values(&[&self.model_name, label])
                 .observe(per_question);
-            let answer = match q.head.clone() {
-                Some(head) => {
+            let read: Vec<(Question, QuestionScore)> =
+                asked.by_ref().zip(scores.by_ref()).take(k).collect();
+            let answer = match (q.head.clone(), &read[..]) {
+                (Some(head), [(_, score)]) => {
                     let hidden = score.hidden.as_deref().ok_or_else(|| {
                         RouteError::Engine(crate::engine::EngineError::Model(
                             "the backend returned no hidden state for an intent task".into(),
@@ -301,7 +325,8 @@ impl TextRoute {
                     })?;
                     intent_answer(q, &head, hidden)
                 }
-                None => self.answer_read(q, &score.logits, &score.logprobs)?,
+                (_, [(_, score)]) => self.answer_read(q, &score.logits, &score.logprobs)?,
+                _ => self.answer_in_orders(q, &read)?,
             };
             if answer.abstained {
                 self.metrics.abstentions.inc();
@@ -360,7 +385,7 @@ impl TextRoute {
         hidden_layer: Option<usize>,
     ) -> Result<QuestionScore, RouteError> {
         let questions = [question];
-        let (prefix, tokens) = self.prepare(&state, &questions)?;
+        let (prefix, tokens) = self.prepare(&state, &questions, &questions)?;
         let hash = self.state_hash(&prefix);
         let receiver = self.engine().score(ScoreRequest {
             state: hash,

@@ -221,15 +221,18 @@ impl TextRoute {
     }
 
     /// Checks and renders `questions` on `state`: the prefix's token ids and
-    /// each question's suffix with the letters it reads.
+    /// each question's suffix with the letters it reads. `listed` are the
+    /// request's questions as sent, which the header layout lists (the same
+    /// as `questions` unless some are asked in several orders).
     pub(super) fn prepare(
         &self,
         state: &State,
+        listed: &[Question],
         questions: &[Question],
     ) -> Result<(Vec<u32>, Vec<QuestionTokens>), RouteError> {
         let mut prefix_text: Option<String> = None;
         let mut suffixes = Vec::with_capacity(questions.len());
-        let state = &self.wire_state(state, questions);
+        let state = &self.wire_state(state, listed);
         for (i, q) in questions.iter().enumerate() {
             check_question(q, &format!("questions[{i}]"))?;
             let r = self.render_decision(state, q)?;

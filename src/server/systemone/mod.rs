@@ -125,7 +125,12 @@ pub async fn systemone(
     let started = std::time::Instant::now();
     let decision = state
         .route
-        .decide(State::Text(state_text), questions, None)
+        .decide_in_orders(
+            State::Text(state_text),
+            questions,
+            None,
+            request.orders.unwrap_or(1),
+        )
         .await?;
     let per_question = started.elapsed().as_secs_f64() / request.questions.len() as f64;
     let mut answers = Map::new();
@@ -158,6 +163,9 @@ pub async fn systemone(
         // (1.50600004196167): the shortest decimal that reads back as it.
         let temperature: f64 = answer.temperature.to_string().parse().unwrap_or(f64::NAN);
         out.insert("x_temperature".into(), json!(temperature));
+        if request.orders.is_some() {
+            out.insert("x_orders".into(), json!(answer.orders));
+        }
         answers.insert(id.clone(), Value::Object(out));
     }
     let body = json!({

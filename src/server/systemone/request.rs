@@ -54,6 +54,9 @@ pub struct WireRequest {
     pub model: Option<String>,
     pub state: Value,
     pub questions: Vec<(String, WireQuestion)>,
+    /// `x_orders`: each question read in this many cyclic orders of its
+    /// options and answered from their average (`route::decide::orders`).
+    pub orders: Option<usize>,
 }
 
 /// Reads a body into a validated request; every fault is named.
@@ -99,6 +102,21 @@ pub fn parse_request(body: &[u8]) -> Result<WireRequest, Vec<Detail>> {
             ));
             Value::Null
         }
+    };
+    let most = crate::route::decide::MAX_ORDERS;
+    let orders = match top.remove("x_orders") {
+        None | Some(Value::Null) => None,
+        Some(v) => match v.as_u64() {
+            Some(k) if (1..=most as u64).contains(&k) => Some(k as usize),
+            _ => {
+                faults.push(detail(
+                    &["x_orders"],
+                    format!("`x_orders` must be an integer from 1 to {most}; got {v}"),
+                    "value_error",
+                ));
+                None
+            }
+        },
     };
     let mut questions = Vec::new();
     match top.remove("questions") {
@@ -147,6 +165,7 @@ pub fn parse_request(body: &[u8]) -> Result<WireRequest, Vec<Detail>> {
             model,
             state,
             questions,
+            orders,
         })
     } else {
         Err(faults)
