@@ -149,7 +149,9 @@ fn a_choice_task_is_calibrated_and_served() {
     let dir = common::fresh_dir("calibrated");
     let s = Server::start(&["--state-dir", dir.to_str().unwrap()]);
     let examples = mmlu_examples(48);
-    let id = register(&s, &registration("mmlu", examples.clone()));
+    let mut body = registration("mmlu", examples.clone());
+    body["x_coverage"] = json!(0.9);
+    let id = register(&s, &body);
 
     // While it runs, decisions are served between its examples, and the
     // task itself is not ready: 409 naming the field.
@@ -301,6 +303,32 @@ fn a_choice_task_is_calibrated_and_served() {
         None => assert!(a["abstain_below"].is_null(), "{a}"),
     }
 
+    // Prediction sets: the threshold is the ⌈13 · 0.9⌉ = 12th smallest of
+    // the holdout's LAC scores (1 − p of the true option at the fitted T).
+    let sets = &result["prediction_sets"];
+    let mut scores: Vec<f64> = held_l
+        .iter()
+        .zip(&held_y)
+        .map(|(l, &y)| 1.0 - log_softmax(l, t_fit)[y].exp())
+        .collect();
+    scores.sort_by(f64::total_cmp);
+    let set_threshold = sets["threshold"].as_f64().unwrap();
+    assert!(
+        (set_threshold - scores[11]).abs() < 1e-5,
+        "{sets} vs {scores:?}"
+    );
+    assert_eq!(
+        (
+            &sets["coverage"],
+            &sets["score"],
+            &sets["calibration_examples"]
+        ),
+        (&json!(0.9), &json!("lac"), &json!(12)),
+        "{sets}"
+    );
+    assert!(sets["holdout_coverage"].as_f64().unwrap() >= 0.9, "{sets}");
+    assert_eq!(ready["x_coverage"], 0.9);
+
     // Served by name: the fitted T, the task's threshold; the request's own
     // temperature and threshold come first.
     let by_task = |extra: Value| {
@@ -314,6 +342,23 @@ fn a_choice_task_is_calibrated_and_served() {
     };
     let served = by_task(json!({}));
     assert_eq!(served["temperature"].as_f64().unwrap() as f32, t_fit as f32);
+    // The served set: every letter whose score passes the threshold.
+    let set: Vec<&str> = served["x_prediction_set"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{served}"))
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    for (letter, p) in served["probabilities"].as_object().unwrap() {
+        let score = 1.0 - p.as_f64().unwrap();
+        if (score - set_threshold).abs() > 1e-6 {
+            assert_eq!(
+                set.contains(&letter.as_str()),
+                score < set_threshold,
+                "{served}"
+            );
+        }
+    }
     let explicit = s.post_json(
         "/v1/decide",
         &json!({"state": state, "questions": [{"text": QUESTION, "options": letters, "temperature": t_fit}]}),
@@ -418,6 +463,19 @@ fn bad_registrations_are_refused_naming_the_field() {
     bad(with(json!({"question": "\u{a0}"})), "question");
     bad(with(json!({"kind": "regression"})), "kind");
     bad(with(json!({"holdout": 1.0})), "holdout");
+    // Prediction sets: a coverage in (0, 1), a known score, and a holdout
+    // that can calibrate them (one held-out example of three here; 0.9
+    // needs 9).
+    bad(with(json!({"x_coverage": 0.9})), "x_coverage");
+    bad(with(json!({"x_coverage": 1.0})), "x_coverage");
+    bad(
+        with(json!({"x_coverage": 0.5, "x_conformal_score": "raps"})),
+        "x_conformal_score",
+    );
+    bad(
+        with(json!({"x_conformal_score": "aps"})),
+        "x_conformal_score",
+    );
     bad(with(json!({"seed": -1})), "seed");
     bad(with(json!({"examples": [ex("a", "yes")]})), "examples");
     bad(
@@ -1115,7 +1173,8 @@ fn a_systemone_task_applies_to_the_wire_questions_of_its_identity() {
     let options = ["the first", "the second", "the third", "the fourth"];
     let body = json!({
         "name": "mmlu-wire", "systemone": wire_question(options), "examples": examples,
-        "holdout": 0.25, "seed": 3, "abstention": {"abstain_below": 0.4}
+        "holdout": 0.25, "seed": 3, "abstention": {"abstain_below": 0.4},
+        "x_coverage": 0.8, "x_conformal_score": "aps"
     });
     let id = register(&s, &body);
     let t = settled(&s, &id, Duration::from_secs(600));
@@ -1144,10 +1203,31 @@ fn a_systemone_task_applies_to_the_wire_questions_of_its_identity() {
     let p = probabilities(a);
     let top = p.iter().copied().fold(f64::MIN, f64::max);
     assert_eq!(a["x_abstained"], json!(top < 0.4), "{a}");
+    // Its prediction set (APS): the options whose mass of options at least
+    // as probable passes the threshold fitted on the 6 held-out examples.
+    let sets = &t["result"]["prediction_sets"];
+    assert_eq!(
+        (&sets["score"], &sets["calibration_examples"]),
+        (&json!("aps"), &json!(6))
+    );
+    let threshold = sets["threshold"].as_f64().unwrap();
+    let keys: Vec<String> = a["probabilities"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .cloned()
+        .collect();
+    let want: Vec<&String> = (0..p.len())
+        .filter(|&j| p.iter().filter(|&&q| q >= p[j]).sum::<f64>() <= threshold)
+        .map(|j| &keys[j])
+        .collect();
+    assert_eq!(a["x_prediction_set"], json!(want), "{a}");
     for other in ["reordered", "described"] {
         let o = &tasked[other];
         assert!(
-            o.get("x_task").is_none() && o.get("x_abstained").is_none(),
+            o.get("x_task").is_none()
+                && o.get("x_abstained").is_none()
+                && o.get("x_prediction_set").is_none(),
             "{o}"
         );
         assert_eq!(o["x_temperature"], 1.37, "{o}");

@@ -74,6 +74,10 @@ pub struct AnswerOut {
     /// asked `x_orders`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub x_orders: Option<usize>,
+    /// The options (letters, or an intent task's labels) of the prediction
+    /// set, when the question names a task registered with `x_coverage`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub x_prediction_set: Option<Vec<String>>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -201,6 +205,7 @@ pub fn answer_out(a: &Answer) -> AnswerOut {
         abstain_reason: a.abstain_reason.clone(),
         tie: a.tie,
         x_orders: None,
+        x_prediction_set: None,
     }
 }
 
@@ -240,8 +245,17 @@ pub async fn decide(
         answers: decision
             .answers
             .iter()
-            .map(|a| AnswerOut {
+            .zip(&body.questions)
+            .map(|(a, q)| AnswerOut {
                 x_orders: body.x_orders.map(|_| a.orders),
+                x_prediction_set: q
+                    .task
+                    .as_deref()
+                    .and_then(|name| state.tasks.prediction_sets(name))
+                    .map(|sets| {
+                        let keys = sets.set(&a.exact);
+                        keys.iter().map(|&i| a.probabilities[i].0.clone()).collect()
+                    }),
                 ..answer_out(a)
             })
             .collect(),

@@ -27,8 +27,11 @@
 
 use std::fmt;
 
+use serde::{Deserialize, Serialize};
+
 /// A nonconformity score of an option given the option probabilities.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Score {
     /// `1 − p(option)`.
     Lac,

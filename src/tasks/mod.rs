@@ -19,7 +19,7 @@
 //! - [`store`]: the state folder.
 //!
 //! The mathematics (the temperature fit, the figures, the intent head) is
-//! in [`crate::stats`]; [`calibrate`] and [`head`] name its modules here.
+//! in [`crate::stats`]; [`calibrate`], [`conformal`] and [`head`] name its modules here.
 //!
 //! This module knows nothing of HTTP: the server validates bodies into a
 //! [`TaskSpec`] and maps [`TaskError`] to statuses.
@@ -35,8 +35,8 @@ use std::sync::{Arc, Condvar, Mutex};
 
 use serde::{Deserialize, Serialize};
 
-pub use self::report::{fit, fit_intent, Report};
-pub use crate::stats::{calibrate, head};
+pub use self::report::{fit, fit_intent, minimum_holdout, Report, SetsReport};
+pub use crate::stats::{calibrate, conformal, head};
 
 use self::store::Store;
 use crate::metrics::Metrics;
@@ -129,6 +129,20 @@ pub struct TaskSpec {
     /// `/v1/decide`).
     #[serde(default)]
     pub wire: Option<WireTask>,
+    /// Prediction sets of this coverage (`x_coverage`), calibrated on the
+    /// holdout.
+    #[serde(default)]
+    pub coverage: Option<Coverage>,
+}
+
+/// What a task's prediction sets promise: the true option is in the set
+/// with probability at least `level` for questions like the examples, with
+/// sets of the options whose `score` passes the holdout's conformal
+/// threshold ([`crate::stats::conformal`]).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Coverage {
+    pub level: f64,
+    pub score: crate::stats::conformal::Score,
 }
 
 /// A task registered from a System One question (`POST /v1/tasks` with

@@ -9,8 +9,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use super::store::Store;
 use super::{
-    Deleted, Example, Kind, Progress, Status, TaskError, TaskLimits, TaskRecord, TaskRegistry,
-    TaskSpec, FORMAT_VERSION,
+    Deleted, Example, Kind, Progress, SetsReport, Status, TaskError, TaskLimits, TaskRecord,
+    TaskRegistry, TaskSpec, FORMAT_VERSION,
 };
 use crate::engine::EngineStatus;
 use crate::route::{Question, TextRoute};
@@ -278,6 +278,14 @@ impl TaskRegistry {
             .max_by_key(|r| r.created)?;
         let question = self.applied(record, "systemone").ok()?;
         Some((question, record.spec.name.clone()))
+    }
+
+    /// The prediction sets of the ready task named `name`, when it was
+    /// registered with a coverage.
+    pub fn prediction_sets(&self, name: &str) -> Option<SetsReport> {
+        let tasks = self.lock();
+        let record = tasks.values().find(|r| r.spec.name == name)?;
+        record.report.as_ref()?.prediction_sets.clone()
     }
 
     /// The question a ready task asks: its question and options, its

@@ -5,9 +5,11 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{Abstention, TaskSpec};
+use super::{Abstention, Coverage, TaskSpec};
 use crate::stats::calibrate::{self, Figures, Threshold};
+use crate::stats::conformal::{self, Score};
 use crate::stats::head::{self, DrawsReport, Head, HeadReport};
+use crate::stats::softmax;
 
 /// What a ready task was fitted to and how well.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -32,6 +34,74 @@ pub struct Report {
     /// An intent task's heads over draws, when asked for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub draws: Option<DrawsReport>,
+    /// The prediction sets' threshold, when the task asked for a coverage.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prediction_sets: Option<SetsReport>,
+}
+
+/// A task's prediction sets: the conformal threshold fitted on the holdout
+/// at the served temperature, and the sets it gives there.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SetsReport {
+    /// The promised coverage, `1 − alpha`.
+    pub coverage: f64,
+    pub score: Score,
+    /// An option is in the set when its score is at most this.
+    pub threshold: f64,
+    /// The holdout examples the threshold was fitted on.
+    pub calibration_examples: usize,
+    /// The mean number of options in the holdout's sets.
+    pub mean_size: f64,
+    /// The share of the holdout's sets holding the true option (at least
+    /// `coverage` by construction: the held-out side is the calibration
+    /// side; the guarantee is for new questions).
+    pub holdout_coverage: f64,
+}
+
+impl SetsReport {
+    /// Fits the threshold on held-out option probabilities and their true
+    /// options; `None` when there are too few for the level (a
+    /// registration is refused before that, [`minimum_holdout`]).
+    pub fn fit(coverage: Coverage, probabilities: &[Vec<f64>], truth: &[usize]) -> Option<Self> {
+        let alpha = 1.0 - coverage.level;
+        let threshold = conformal::calibrate(coverage.score, probabilities, truth, alpha).ok()?;
+        let sets: Vec<Vec<usize>> = probabilities
+            .iter()
+            .map(|p| conformal::prediction_set(coverage.score, p, threshold))
+            .collect();
+        let n = truth.len() as f64;
+        Some(SetsReport {
+            coverage: coverage.level,
+            score: coverage.score,
+            threshold,
+            calibration_examples: truth.len(),
+            mean_size: sets.iter().map(Vec::len).sum::<usize>() as f64 / n,
+            holdout_coverage: sets
+                .iter()
+                .zip(truth)
+                .filter(|(s, y)| s.contains(y))
+                .count() as f64
+                / n,
+        })
+    }
+
+    /// The options (indices) of the set of an answer's probabilities.
+    pub fn set(&self, probabilities: &[f64]) -> Vec<usize> {
+        conformal::prediction_set(self.score, probabilities, self.threshold)
+    }
+}
+
+/// The fewest held-out examples that calibrate sets of `coverage`.
+pub fn minimum_holdout(coverage: f64) -> usize {
+    conformal::minimum_calibration(1.0 - coverage)
+}
+
+/// The prediction sets the spec asks for, fitted on held-out logits at
+/// temperature `t`.
+fn sets(spec: &TaskSpec, logits: &[Vec<f32>], labels: &[usize], t: f64) -> Option<SetsReport> {
+    let coverage = spec.coverage?;
+    let probabilities: Vec<Vec<f64>> = logits.iter().map(|l| softmax(l, t)).collect();
+    SetsReport::fit(coverage, &probabilities, labels)
 }
 
 /// Fits a choice task on its scored examples: the seeded split, the
@@ -49,6 +119,7 @@ pub fn fit(spec: &TaskSpec, logits: &[Vec<f32>], labels: &[usize], default_t: f6
     let (hl, hy) = pick(&held_idx);
     let t = calibrate::fit_temperature(&fl, &fy);
     let abstention = abstention(spec, &hl, &hy, t);
+    let prediction_sets = sets(spec, &hl, &hy, t);
     Report {
         temperature: t,
         fit_examples: fl.len(),
@@ -60,6 +131,7 @@ pub fn fit(spec: &TaskSpec, logits: &[Vec<f32>], labels: &[usize], default_t: f6
         seconds: 0.0,
         head: None,
         draws: None,
+        prediction_sets,
     }
 }
 
@@ -88,6 +160,7 @@ pub fn fit_intent(
     let (before, after) = head::figures(&fitted.head, &hx, &hy);
     let held_logits = head::logits(&fitted.head, &hx);
     let abstention = abstention(spec, &held_logits, &hy, fitted.head.temperature);
+    let prediction_sets = sets(spec, &held_logits, &hy, fitted.head.temperature);
     let draws = match spec.draws {
         Some(d) => Some(head::draws(
             &rows,
@@ -114,6 +187,7 @@ pub fn fit_intent(
             seconds: 0.0,
             head: Some(fitted.report),
             draws,
+            prediction_sets,
         },
         fitted.head,
     ))

@@ -147,6 +147,14 @@ pub async fn systemone(
             if question.abstain_below.is_some() {
                 out.insert("x_abstained".into(), json!(answer.abstained));
             }
+            if let Some(sets) = state.tasks.prediction_sets(name) {
+                let set: Vec<&String> = sets
+                    .set(&answer.exact)
+                    .iter()
+                    .map(|&i| &a.keys[i])
+                    .collect();
+                out.insert("x_prediction_set".into(), json!(set));
+            }
         }
         let kind = q.kind.as_str();
         state

@@ -1,140 +1,19 @@
-//! The `/v1/tasks` routes: registering a task (`POST`, answered 202 while
-//! it fits in the background), listing, reading and deleting tasks; their
-//! request and response bodies and the validation of a registration.
+//! A registration validated into a task spec and its examples, every
+//! fault a 400 naming its field (`POST /v1/tasks`).
 
-use actix_web::{web, HttpRequest, HttpResponse};
-use serde::{Deserialize, Serialize};
-
-use super::body::read_json;
-use super::error::ApiError;
-use super::fields::int;
-use super::systemone::{parse_one, state_text, task_identity, to_asked, Asked, Kind as WireKind};
-use super::AppState;
+use super::{Result, TaskRequest};
 use crate::route::decide::{check_question, is_blank};
 use crate::route::wire::{NoulRendering, WireAsk};
 use crate::route::Question;
+use crate::server::error::ApiError;
+use crate::server::systemone::{
+    parse_one, state_text, task_identity, to_asked, Asked, Kind as WireKind,
+};
 use crate::settings::Limits;
-use crate::tasks::{Abstention, DrawSpec, Example, Kind, TaskRecord, TaskSpec, WireTask};
-
-type Result<T> = std::result::Result<T, ApiError>;
-
-/// `POST /v1/tasks`: a registration.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TaskRequest {
-    pub name: String,
-    /// `choice` (the default) or `intent`.
-    pub kind: Option<String>,
-    /// The question (with `options` or `labels`); or `systemone` instead.
-    pub question: Option<String>,
-    /// A System One question (`{type, instructions?, criteria}`) in place
-    /// of `question` and `options`/`labels`: the task applies to the
-    /// `/v1/systemone` questions of its identity.
-    pub systemone: Option<serde_json::Value>,
-    /// The options of a choice task.
-    pub options: Option<Vec<String>>,
-    /// The labels of an intent task.
-    pub labels: Option<Vec<String>>,
-    pub examples: Vec<TaskExampleIn>,
-    /// Share of the examples held out for the figures (default 0.2).
-    pub holdout: Option<f64>,
-    #[serde(default, deserialize_with = "int::opt")]
-    pub seed: Option<i64>,
-    pub abstention: Option<AbstentionIn>,
-    /// An intent task's head: `{"layer": -1}` (the final norm's output,
-    /// the default) or a block's index.
-    pub head: Option<TaskHeadIn>,
-    /// Heads fitted on `draws` draws of `shots` examples per label (intent
-    /// tasks; both or neither).
-    #[serde(default, deserialize_with = "int::opt")]
-    pub draws: Option<i64>,
-    #[serde(default, deserialize_with = "int::opt")]
-    pub shots: Option<i64>,
-}
-
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TaskHeadIn {
-    #[serde(default, deserialize_with = "int::opt")]
-    pub layer: Option<i64>,
-}
-
-#[derive(Clone, Debug, Serialize)]
-pub struct TaskHeadOut {
-    /// `-1`: the final norm's output; else the block's index.
-    pub layer: i64,
-}
-
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TaskExampleIn {
-    /// A string; a System One task's may also be an object or an array,
-    /// shown as the wire shows its states.
-    pub state: serde_json::Value,
-    /// One of the task's options (or labels), verbatim after trimming; a
-    /// System One task's answer key (an option's key, a level's index
-    /// `0`..`n-1`, or `yes`/`no`).
-    pub label: String,
-}
-
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct AbstentionIn {
-    pub target_accuracy: Option<f64>,
-    pub abstain_below: Option<f64>,
-}
-
-/// A task as `GET /v1/tasks/{id}` shows it (the examples by count only).
-#[derive(Clone, Debug, Serialize)]
-pub struct TaskOut {
-    pub id: String,
-    pub object: &'static str,
-    pub name: String,
-    pub kind: crate::tasks::Kind,
-    pub status: crate::tasks::Status,
-    pub created: u64,
-    pub question: String,
-    /// A task registered from a System One question: that question, and
-    /// its answer keys.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub systemone: Option<serde_json::Value>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub keys: Option<Vec<String>>,
-    /// A choice task's options.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub options: Option<Vec<String>>,
-    /// An intent task's labels.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub labels: Option<Vec<String>>,
-    /// An intent task's head.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub head: Option<TaskHeadOut>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub draws: Option<crate::tasks::DrawSpec>,
-    pub examples: usize,
-    pub holdout: f64,
-    pub seed: u64,
-    pub abstention: Option<crate::tasks::Abstention>,
-    pub progress: crate::tasks::Progress,
-    pub error: Option<String>,
-    /// The fitted figures, once ready.
-    pub result: Option<crate::tasks::Report>,
-}
-
-#[derive(Clone, Debug, Serialize)]
-pub struct TaskList {
-    pub object: &'static str,
-    pub data: Vec<TaskOut>,
-}
-
-#[derive(Clone, Debug, Serialize)]
-pub struct TaskDeleted {
-    pub id: String,
-    pub object: &'static str,
-    pub deleted: bool,
-    /// Whether a queued or running registration was cancelled.
-    pub cancelled: bool,
-}
+use crate::tasks::conformal::Score;
+use crate::tasks::{
+    minimum_holdout, Abstention, Coverage, DrawSpec, Example, Kind, TaskSpec, WireTask,
+};
 
 /// Bounds of a share or probability in (0, 1] (or (0, 1) when `open`).
 fn unit(value: f64, open: bool, param: &str) -> Result<f64> {
@@ -154,7 +33,7 @@ fn unit(value: f64, open: bool, param: &str) -> Result<f64> {
 /// `layers` is the backend's tappable blocks (`None`: it returns no hidden
 /// states, so intent tasks are refused), `backend` its name and `hint`
 /// what would make it return them.
-fn validate(
+pub(super) fn validate(
     req: &TaskRequest,
     limits: &Limits,
     layers: Option<usize>,
@@ -306,6 +185,7 @@ fn validate(
             }
         },
     };
+    let coverage = coverage(req, &examples, labels.len(), kind, holdout, seed)?;
     Ok((
         TaskSpec {
             name: name.to_string(),
@@ -326,9 +206,62 @@ fn validate(
             head_layer,
             draws,
             wire: wire.map(|(task, _)| task),
+            coverage,
         },
         examples,
     ))
+}
+
+/// The prediction sets a registration asks for: a coverage in (0, 1), a
+/// score, and a holdout large enough to calibrate them (the split is the
+/// one the task will be fitted with).
+fn coverage(
+    req: &TaskRequest,
+    examples: &[Example],
+    n_labels: usize,
+    kind: Kind,
+    holdout: f64,
+    seed: u64,
+) -> Result<Option<Coverage>> {
+    let Some(level) = req.x_coverage else {
+        if req.x_conformal_score.is_some() {
+            return Err(ApiError::invalid(
+                "x_conformal_score",
+                "`x_conformal_score` scores prediction sets; give `x_coverage` with it",
+            ));
+        }
+        return Ok(None);
+    };
+    let level = unit(level, true, "x_coverage")?;
+    let score = match req.x_conformal_score.as_deref() {
+        None | Some("lac") => Score::Lac,
+        Some("aps") => Score::Aps,
+        Some(other) => {
+            return Err(ApiError::invalid(
+                "x_conformal_score",
+                format!("`x_conformal_score` must be `lac` or `aps`; got `{other}`"),
+            ))
+        }
+    };
+    let held = match kind {
+        Kind::Choice => crate::tasks::calibrate::split(examples.len(), holdout, seed).1,
+        Kind::Intent => {
+            let labels: Vec<usize> = examples.iter().map(|e| e.label).collect();
+            crate::tasks::head::stratified_split(&labels, n_labels, holdout, seed).1
+        }
+    };
+    let needed = minimum_holdout(level);
+    if held.len() < needed {
+        return Err(ApiError::invalid(
+            "x_coverage",
+            format!(
+                "prediction sets of coverage {level} are calibrated on at least {needed}                  held-out examples; this registration holds out {} (`holdout` {holdout} of {}                  examples): send more examples, a larger `holdout` or a lower `x_coverage`",
+                held.len(),
+                examples.len()
+            ),
+        ));
+    }
+    Ok(Some(Coverage { level, score }))
 }
 
 /// Fields of intent tasks, refused on a choice task.
@@ -576,91 +509,4 @@ fn example_state(state: &serde_json::Value, wire: bool, i: usize) -> Result<Stri
         return Err(ApiError::invalid(&param, "the state is empty"));
     }
     Ok(text)
-}
-
-fn task_out(r: &TaskRecord) -> TaskOut {
-    TaskOut {
-        id: r.id.clone(),
-        object: "task",
-        name: r.spec.name.clone(),
-        kind: r.spec.kind,
-        status: r.status,
-        created: r.created,
-        question: r.spec.question.clone(),
-        systemone: r.spec.wire.as_ref().map(|w| w.question.clone()),
-        keys: r.spec.wire.as_ref().map(|w| w.keys.clone()),
-        options: (r.spec.kind == Kind::Choice).then(|| r.spec.labels.clone()),
-        labels: (r.spec.kind == Kind::Intent).then(|| r.spec.labels.clone()),
-        head: (r.spec.kind == Kind::Intent).then(|| TaskHeadOut {
-            layer: r.spec.head_layer.map_or(-1, |l| l as i64),
-        }),
-        draws: r.spec.draws,
-        examples: r.progress.total,
-        holdout: r.spec.holdout,
-        seed: r.spec.seed,
-        abstention: r.spec.abstention,
-        progress: r.progress.clone(),
-        error: r.error.clone(),
-        result: r.report.clone(),
-    }
-}
-
-/// `POST /v1/tasks`: queues a registration; 202 with the task and its
-/// `Location`.
-pub async fn create_task(
-    req: HttpRequest,
-    payload: web::Payload,
-    state: web::Data<AppState>,
-) -> Result<HttpResponse> {
-    let body: TaskRequest = read_json(&req, payload, state.limits.max_task_body_bytes).await?;
-    state.ready()?;
-    let layers = state.route.engine().hidden_layers();
-    let caps = state.route.engine().capabilities();
-    let (spec, examples) = validate(
-        &body,
-        &state.limits,
-        layers,
-        caps.name,
-        caps.hidden_hint,
-        state.route.wire.noul,
-    )?;
-    let tasks = state.tasks.clone();
-    // Writing the examples to the state folder syncs the disk: off the
-    // server's threads.
-    let record = web::block(move || tasks.register(spec, examples))
-        .await
-        .map_err(|e| ApiError::Internal(e.to_string()))??;
-    Ok(HttpResponse::Accepted()
-        .insert_header(("Location", format!("/v1/tasks/{}", record.id)))
-        .json(task_out(&record)))
-}
-
-pub async fn list_tasks(state: web::Data<AppState>) -> HttpResponse {
-    HttpResponse::Ok().json(TaskList {
-        object: "list",
-        data: state.tasks.list().iter().map(task_out).collect(),
-    })
-}
-
-pub async fn get_task(id: web::Path<String>, state: web::Data<AppState>) -> Result<HttpResponse> {
-    Ok(HttpResponse::Ok().json(task_out(&state.tasks.get(&id)?)))
-}
-
-/// `DELETE /v1/tasks/{id}`: removes the task, cancelling its registration
-/// first when it is queued or running.
-pub async fn delete_task(
-    id: web::Path<String>,
-    state: web::Data<AppState>,
-) -> Result<HttpResponse> {
-    let tasks = state.tasks.clone();
-    let id = id.into_inner();
-    let deleted = web::block(move || tasks.delete(&id))
-        .await
-        .map_err(|e| ApiError::Internal(e.to_string()))??;
-    Ok(HttpResponse::Ok().json(TaskDeleted {
-        id: deleted.record.id,
-        object: "task.deleted",
-        deleted: true,
-        cancelled: deleted.cancelled,
-    }))
 }
