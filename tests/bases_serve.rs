@@ -638,7 +638,7 @@ fn route_features(base: &str, model: &str, tokenizer: &str) {
                 .iter()
                 .map(|(state, l)| json!({"state": state, "label": labels[*l]}))
                 .collect::<Vec<_>>(),
-            "holdout": 0.34, "seed": 0
+            "holdout": 0.34, "seed": 0, "x_coverage": 0.75
         }),
     );
     assert_eq!(
@@ -692,6 +692,23 @@ fn route_features(base: &str, model: &str, tokenizer: &str) {
         probs[i],
         probs.iter().copied().fold(f64::NEG_INFINITY, f64::max)
     );
+    // Its prediction set: the labels whose LAC score (1 − p) passes the
+    // threshold fitted on the 3 held-out examples (enough for 0.75).
+    let sets = &result["prediction_sets"];
+    assert_eq!(sets["calibration_examples"], 3, "{base}: {result}");
+    let threshold = finite(&sets["threshold"]);
+    let set = a["x_prediction_set"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{base}: {a}"));
+    for (label, p) in labels.iter().zip(&probs) {
+        if (1.0 - p - threshold).abs() > 1e-6 {
+            assert_eq!(
+                set.contains(&json!(label)),
+                1.0 - p < threshold,
+                "{base}: {a}"
+            );
+        }
+    }
 
     println!(
         "{base} on {model}: decision {}, intent `{label}`, chat and completion of 4 tokens, \

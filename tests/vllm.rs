@@ -915,13 +915,23 @@ fn a_systemone_task_is_fitted_and_applied_alike_on_both_backends() {
         .map(|r| json!({"state": state(r), "label": r["correct_answer"]}))
         .collect();
     let body = json!({"name": "exam", "systemone": question, "examples": examples,
-                      "holdout": 0.25, "seed": 2});
+                      "holdout": 0.25, "seed": 2, "x_coverage": 0.75});
     let (a, b) = (register_ready(&mlx, &body), register_ready(&vllm, &body));
     let (ta, tb) = (
         a["result"]["temperature"].as_f64().unwrap(),
         b["result"]["temperature"].as_f64().unwrap(),
     );
     assert!((ta - tb).abs() < 1e-4 * ta, "{ta} vs {tb}");
+    // The prediction sets' thresholds, fitted on the 4 held-out examples.
+    let thresholds = [&a, &b].map(|t| {
+        let sets = &t["result"]["prediction_sets"];
+        assert_eq!(sets["calibration_examples"], 4, "{t}");
+        sets["threshold"].as_f64().unwrap()
+    });
+    assert!(
+        (thresholds[0] - thresholds[1]).abs() < 1e-4,
+        "{thresholds:?}"
+    );
     for r in &rows[..4] {
         let ask = json!({"state": state(r), "questions": {"q": question}});
         let (x, y) = (
@@ -940,6 +950,15 @@ fn a_systemone_task_is_fitted_and_applied_alike_on_both_backends() {
                 y["probabilities"][k].as_f64().unwrap(),
             );
             assert!((p - q).abs() < 1e-5, "{x} vs {y}");
+        }
+        // The same set on both, unless an option sits at the threshold.
+        let near = ["A", "B", "C", "D"].iter().any(|k| {
+            let score = 1.0 - x["probabilities"][k].as_f64().unwrap();
+            (score - thresholds[0]).abs() < 1e-4
+        });
+        assert!(x["x_prediction_set"].is_array(), "{x}");
+        if !near {
+            assert_eq!(x["x_prediction_set"], y["x_prediction_set"], "{x} vs {y}");
         }
     }
 }
