@@ -683,10 +683,16 @@ fn x_orders_averages_the_cyclic_orders_of_the_options_on_both_backends() {
             &json!({"state": TICKET, "questions": vec![q; n], "x_orders": orders}),
         )
     };
-    let r = decide(json!(3), 2);
+    // An integral float is an integer, as JSON Schema reads it.
+    let r = decide(json!(3.0), 2);
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()["answers"][1]["x_orders"], 3);
-    for (orders, n) in [(json!(0), 1), (json!(256), 1), (json!(3), 100)] {
+    for (orders, n) in [
+        (json!(0), 1),
+        (json!(-1), 1),
+        (json!(256), 1),
+        (json!(3), 100),
+    ] {
         let r = decide(orders.clone(), n);
         assert_eq!(r.status, 400, "{orders} x {n}: {}", r.text());
         assert_eq!(r.json()["error"]["param"], "x_orders", "{}", r.text());

@@ -8,9 +8,10 @@ use serde_json::{Map, Value};
 
 use super::body::read_json;
 use super::error::ApiError;
+use super::fields::int;
 use super::{new_id, unix_now, AppState};
 use crate::engine::MultiQuestion;
-use crate::route::decide::{check_question, is_blank, MAX_QUESTIONS};
+use crate::route::decide::{check_question, is_blank, MAX_ORDERS, MAX_QUESTIONS};
 use crate::route::{Answer, Decision, Question, State as RouteState};
 use crate::tasks::TaskRegistry;
 
@@ -37,7 +38,8 @@ pub struct DecideRequest {
     pub multi_question: Option<String>,
     /// Each question read in this many cyclic orders of its options and
     /// answered from their average (`route::decide::orders`).
-    pub x_orders: Option<usize>,
+    #[serde(default, deserialize_with = "int::opt")]
+    pub x_orders: Option<i64>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -227,14 +229,19 @@ pub async fn decide(
     state.check_model(body.model.as_deref())?;
     state.ready()?;
     let (questions, mode) = validate(&body, &state.tasks)?;
+    let orders = match body.x_orders {
+        None => 1,
+        Some(k) if (1..=MAX_ORDERS as i64).contains(&k) => k as usize,
+        Some(k) => {
+            return Err(ApiError::invalid(
+                "x_orders",
+                format!("x_orders must be 1 to {MAX_ORDERS}; got {k}"),
+            ))
+        }
+    };
     let decision = state
         .route
-        .decide_in_orders(
-            RouteState::Text(body.state),
-            questions,
-            mode,
-            body.x_orders.unwrap_or(1),
-        )
+        .decide_in_orders(RouteState::Text(body.state), questions, mode, orders)
         .await?;
     Ok(HttpResponse::Ok().json(DecideResponse {
         id: new_id("decide"),

@@ -106,8 +106,10 @@ pub fn parse_request(body: &[u8]) -> Result<WireRequest, Vec<Detail>> {
     let most = crate::route::decide::MAX_ORDERS;
     let orders = match top.remove("x_orders") {
         None | Some(Value::Null) => None,
-        Some(v) => match v.as_u64() {
-            Some(k) if (1..=most as u64).contains(&k) => Some(k as usize),
+        // An integer, or a float with an integral value (91.0), as JSON
+        // Schema's `integer` reads it.
+        Some(v) => match v.as_f64().filter(|k| k.fract() == 0.0) {
+            Some(k) if (1.0..=most as f64).contains(&k) => Some(k as usize),
             _ => {
                 faults.push(detail(
                     &["x_orders"],
