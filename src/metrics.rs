@@ -7,11 +7,13 @@
 //! `outcome` one of `ok`, `http_4xx`, `http_5xx`, `timeout`, `connect`,
 //! `invalid`; task registration metrics are labelled by status or outcome
 //! (a fixed set), never by task; System One questions by `type` (`noul`,
-//! `choice`, `score`).
+//! `choice`, `score`). Certified tasks' metrics are labelled by `task`, the
+//! task's name: at most `--max-tasks` of them, and a deleted task's series
+//! are removed.
 
 use prometheus::{
-    exponential_buckets, Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter,
-    IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+    exponential_buckets, Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec,
+    IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// Histogram buckets from 1 ms to about 10 minutes, 2^(1/2) apart (40 buckets).
@@ -61,6 +63,19 @@ pub struct Metrics {
     pub task_registration_tasks: IntGaugeVec,
     /// Examples per second of the running registration (0 when none runs).
     pub task_registration_rate: Gauge,
+    /// Answers of certified tasks by task and verdict (`certified`,
+    /// `below_threshold`, `nothing_certified`, `serving_stack_changed`,
+    /// `traffic_changed`); tasks are bounded by `--max-tasks`.
+    pub certified_task_answers: IntCounterVec,
+    /// The traffic monitor of each certified task: the answer mix's last
+    /// distance from the examples', and its alert line.
+    pub certified_task_mix_distance: GaugeVec,
+    pub certified_task_mix_line: GaugeVec,
+    /// The confidence CUSUM of each certified task, and its limit.
+    pub certified_task_confidence_statistic: GaugeVec,
+    pub certified_task_confidence_limit: GaugeVec,
+    /// 1 while a signal (`answer_mix`, `confidence`) alerts, else 0.
+    pub certified_task_alert: IntGaugeVec,
     /// MLX's memory by kind (`active`: held by arrays; `peak`: the most
     /// held at once since start; `cache`: freed buffers MLX keeps for
     /// reuse); the MLX backend's only.
@@ -70,6 +85,9 @@ pub struct Metrics {
 impl Metrics {
     pub fn new() -> Self {
         let registry = Registry::new();
+        let gauge_vec = |name: &str, help: &str| {
+            GaugeVec::new(Opts::new(name, help), &["task"]).expect("metric")
+        };
         let histogram =
             |name: &str, help: &str| HistogramOpts::new(name, help).buckets(latency_buckets());
         let question_seconds = HistogramVec::new(
@@ -222,6 +240,38 @@ impl Metrics {
                 "Examples per second of the running task registration (0 when none runs).",
             )
             .expect("metric"),
+            certified_task_answers: IntCounterVec::new(
+                Opts::new(
+                    "decisio_certified_task_answers_total",
+                    "Answers of certified tasks, by task and verdict.",
+                ),
+                &["task", "verdict"],
+            )
+            .expect("metric"),
+            certified_task_mix_distance: gauge_vec(
+                "decisio_certified_task_mix_distance",
+                "Total variation distance of a certified task's last window of chosen options from its examples'.",
+            ),
+            certified_task_mix_line: gauge_vec(
+                "decisio_certified_task_mix_line",
+                "The answer-mix distance above which a certified task's traffic alert is on.",
+            ),
+            certified_task_confidence_statistic: gauge_vec(
+                "decisio_certified_task_confidence_cusum",
+                "The CUSUM of a certified task's answers below its examples' 5th-percentile confidence.",
+            ),
+            certified_task_confidence_limit: gauge_vec(
+                "decisio_certified_task_confidence_limit",
+                "The CUSUM above which a certified task stops certifying (traffic_changed).",
+            ),
+            certified_task_alert: IntGaugeVec::new(
+                Opts::new(
+                    "decisio_certified_task_traffic_alert",
+                    "1 while a certified task's traffic signal (answer_mix, confidence) alerts.",
+                ),
+                &["task", "signal"],
+            )
+            .expect("metric"),
             mlx_memory_bytes: IntGaugeVec::new(
                 Opts::new(
                     "decisio_mlx_memory_bytes",
@@ -274,6 +324,12 @@ impl Metrics {
             Box::new(self.task_registrations.clone()),
             Box::new(self.task_registration_tasks.clone()),
             Box::new(self.task_registration_rate.clone()),
+            Box::new(self.certified_task_answers.clone()),
+            Box::new(self.certified_task_mix_distance.clone()),
+            Box::new(self.certified_task_mix_line.clone()),
+            Box::new(self.certified_task_confidence_statistic.clone()),
+            Box::new(self.certified_task_confidence_limit.clone()),
+            Box::new(self.certified_task_alert.clone()),
             Box::new(self.mlx_memory_bytes.clone()),
         ];
         for c in all {

@@ -215,6 +215,19 @@ fn every_request_schema_has_exactly_the_fields_the_server_reads() {
             fields_of::<TaskExampleIn>(),
         ),
         (format!("{tasks}/abstention"), fields_of::<AbstentionIn>()),
+        (format!("{s}/CertifyBlock"), fields_of::<CertifyIn>()),
+        (
+            format!("{s}/ReferenceTaskRequest"),
+            fields_of::<ReferenceTask>(),
+        ),
+        (
+            format!("{s}/ReferenceTaskRequest/properties/examples/items"),
+            fields_of::<ReferenceExample>(),
+        ),
+        (
+            format!("{s}/ReferenceCertifyBlock"),
+            fields_of::<ReferenceCertify>(),
+        ),
         (format!("{tasks}/head"), fields_of::<TaskHeadIn>()),
     ];
     for (pointer, read) in pairs {

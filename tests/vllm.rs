@@ -915,7 +915,8 @@ fn a_systemone_task_is_fitted_and_applied_alike_on_both_backends() {
         .map(|r| json!({"state": state(r), "label": r["correct_answer"]}))
         .collect();
     let body = json!({"name": "exam", "systemone": question, "examples": examples,
-                      "holdout": 0.25, "seed": 2, "x_coverage": 0.75});
+                      "holdout": 0.25, "seed": 2, "x_coverage": 0.75,
+                      "x_certify": {"alpha": 0.6, "delta": 0.2}});
     let (a, b) = (register_ready(&mlx, &body), register_ready(&vllm, &body));
     let (ta, tb) = (
         a["result"]["temperature"].as_f64().unwrap(),
@@ -932,6 +933,26 @@ fn a_systemone_task_is_fitted_and_applied_alike_on_both_backends() {
         (thresholds[0] - thresholds[1]).abs() < 1e-4,
         "{thresholds:?}"
     );
+    // The certificates: made on the same held-out side with the same
+    // counts, each naming its own backend.
+    let certs = [&a, &b].map(|t| t["result"]["certificate"].clone());
+    for (c, backend) in certs.iter().zip(["MLX", "vLLM"]) {
+        assert_eq!(c["n"], 4, "{c}");
+        assert_eq!(c["stack"]["backend"], backend, "{c}");
+    }
+    assert_eq!(
+        certs[0]["certified_n"], certs[1]["certified_n"],
+        "{certs:?}"
+    );
+    assert_eq!(certs[0]["split"], certs[1]["split"], "{certs:?}");
+    // An export of one backend's tasks is refused by the other's server.
+    let export = mlx
+        .request("GET", "/v1/tasks?full=1", &[], None)
+        .unwrap()
+        .json();
+    let r = vllm.post_json("/v1/tasks/import", &export);
+    assert_eq!(r.status, 409, "{}", r.text());
+    assert!(r.text().contains("backend"), "{}", r.text());
     for r in &rows[..4] {
         let ask = json!({"state": state(r), "questions": {"q": question}});
         let (x, y) = (
@@ -944,6 +965,8 @@ fn a_systemone_task_is_fitted_and_applied_alike_on_both_backends() {
             (&json!("exam"), &json!("exam"))
         );
         assert_eq!(x["choice"], y["choice"], "{x} vs {y}");
+        assert_eq!(x["x_certificate"], certs[0]["id"], "{x}");
+        assert_eq!(y["x_certificate"], certs[1]["id"], "{y}");
         for k in ["A", "B", "C", "D"] {
             let (p, q) = (
                 x["probabilities"][k].as_f64().unwrap(),

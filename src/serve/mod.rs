@@ -136,6 +136,13 @@ pub struct ServeArgs {
     /// The model name clients send (default: the --model argument).
     #[arg(long)]
     served_model_name: Option<String>,
+    /// Answers of certified tasks carry the reference decisio's own field
+    /// names, `certified`, `certificate` and `certified_reason`, for
+    /// clients written against it (default: `x_certified`, `x_certificate`
+    /// and `x_certified_reason`, prefixed as System One asks of
+    /// extensions).
+    #[arg(long)]
+    reference_field_names: bool,
     /// /v1/systemone: how a yes/no question is asked (default: the base's;
     /// the Gemma bases: letters, otherwise letters-keys).
     #[arg(long, value_enum)]
@@ -521,7 +528,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         },
     )
     .map_err(|e| anyhow::anyhow!("{e}"))?;
-    let state = AppState::new(
+    let mut state = AppState::new(
         route,
         model_name,
         model.clone(),
@@ -529,6 +536,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         limits,
         tasks,
     );
+    state.reference_field_names = args.reference_field_names;
     // The vLLM backend's failure says what it waited for.
     let failed = match args.backend {
         Backend::Mlx => "the model failed to load: ",

@@ -80,6 +80,11 @@ pub struct AnswerOut {
     /// set, when the question names a task registered with `x_coverage`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub x_prediction_set: Option<Vec<String>>,
+    /// A certified task's verdict: `x_certified`, `x_certificate` and,
+    /// when not certified, `x_certified_reason` (unprefixed with
+    /// `--reference-field-names`).
+    #[serde(flatten)]
+    pub certification: Map<String, Value>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -208,6 +213,7 @@ pub fn answer_out(a: &Answer) -> AnswerOut {
         tie: a.tie,
         x_orders: None,
         x_prediction_set: None,
+        certification: Map::new(),
     }
 }
 
@@ -263,6 +269,19 @@ pub async fn decide(
                         let keys = sets.set(&a.exact);
                         keys.iter().map(|&i| a.probabilities[i].0.clone()).collect()
                     }),
+                certification: q
+                    .task
+                    .as_deref()
+                    .and_then(|name| {
+                        // A request's own temperature, or an answer
+                        // averaged over orders, is not what was certified.
+                        let as_certified = q.temperature.is_none() && a.orders == 1;
+                        state
+                            .tasks
+                            .verdict(name, a.top, a.exact[a.top], as_certified)
+                    })
+                    .map(|v| v.fields(state.reference_field_names))
+                    .unwrap_or_default(),
                 ..answer_out(a)
             })
             .collect(),

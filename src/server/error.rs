@@ -252,6 +252,11 @@ impl From<TaskError> for ApiError {
                 code: "task_limit_reached",
             },
             TaskError::Store(m) => ApiError::Internal(m),
+            TaskError::StackDiffers(message) => ApiError::Conflict {
+                message,
+                param: "stack".into(),
+                code: "serving_stack_changed",
+            },
         }
     }
 }

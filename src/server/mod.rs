@@ -10,8 +10,8 @@
 //! - `tokens`: vLLM's `POST /tokenize` and `POST /detokenize`;
 //! - `decisions`: `POST /v1/decide`, and the decision's shapes a chat
 //!   decision shares;
-//! - `tasks`: `POST /v1/tasks`, `GET /v1/tasks`, `GET` and `DELETE
-//!   /v1/tasks/{id}`;
+//! - `tasks`: `POST /v1/tasks`, `GET /v1/tasks` (`?full=1`: an export),
+//!   `POST /v1/tasks/import`, `GET` and `DELETE /v1/tasks/{id}`;
 //! - `systemone`: `POST /v1/systemone`, TypeSafe's System One wire, with
 //!   its own request, error and answer shapes;
 //! - `service`: `GET /v1/models`, `/health`, `/metrics`, `/openapi.json`
@@ -68,9 +68,10 @@ pub mod types {
     pub use super::sampling::{StopSpec, StreamOptions};
     pub use super::service::{ModelCard, ModelList, ServedIdentity};
     pub use super::stream::Usage;
+    pub use super::tasks::reference::{ReferenceCertify, ReferenceExample, ReferenceTask};
     pub use super::tasks::{
-        AbstentionIn, TaskDeleted, TaskExampleIn, TaskHeadIn, TaskHeadOut, TaskList, TaskOut,
-        TaskRequest,
+        AbstentionIn, CertifyIn, TaskDeleted, TaskExampleIn, TaskHeadIn, TaskHeadOut, TaskList,
+        TaskOut, TaskRequest,
     };
     pub use super::tokens::{
         DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse,
@@ -103,6 +104,10 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     pub tasks: Arc<TaskRegistry>,
     pub created: u64,
+    /// Answers of certified tasks carry the reference decisio's field names
+    /// (`certified`, `certificate`, `certified_reason`) instead of the
+    /// `x_`-prefixed ones (`--reference-field-names`).
+    pub reference_field_names: bool,
 }
 
 impl AppState {
@@ -123,6 +128,7 @@ impl AppState {
             api_key,
             limits,
             created: unix_now(),
+            reference_field_names: false,
         }
     }
 
@@ -208,6 +214,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("GET", "/metrics"),
     ("POST", "/v1/tasks"),
     ("GET", "/v1/tasks"),
+    ("POST", "/v1/tasks/import"),
     ("GET", "/v1/tasks/{id}"),
     ("DELETE", "/v1/tasks/{id}"),
     ("GET", "/openapi.json"),
@@ -258,6 +265,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
                 (_, "/metrics") => route.to(service::metrics),
                 ("POST", "/v1/tasks") => route.to(tasks::create_task),
                 ("GET", "/v1/tasks") => route.to(tasks::list_tasks),
+                ("POST", "/v1/tasks/import") => route.to(tasks::import_tasks),
                 ("GET", "/v1/tasks/{id}") => route.to(tasks::get_task),
                 ("DELETE", "/v1/tasks/{id}") => route.to(tasks::delete_task),
                 (_, "/openapi.json") => route.to(service::openapi),

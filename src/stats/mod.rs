@@ -22,6 +22,8 @@
 //!   and the fewest held-out examples that can certify anything.
 //! - [`conformal`]: split-conformal prediction sets for multiple choice
 //!   (LAC and APS scores).
+//! - [`monitor`]: the traffic monitor of a certified task (the answer mix
+//!   against its examples', and a CUSUM on low confidences).
 //!
 //! Every function is deterministic: given its inputs (and a seed, where it
 //! draws), it computes the same bits on every run.
@@ -31,6 +33,7 @@ pub mod calibrate;
 pub mod certify;
 pub mod conformal;
 pub mod head;
+pub mod monitor;
 mod softmax;
 
 pub use self::softmax::{log_softmax, log_sum_exp, softmax, top_option};

@@ -16,6 +16,10 @@
 //! - `worker.rs`: the background worker that scores the examples and fits.
 //! - `report.rs`: what a ready task reports, fitted from its scored
 //!   examples.
+//! - `certificate.rs`: a certified task's split, certificate, serving
+//!   stack and the verdict on each of its answers.
+//! - `exchange.rs`: exporting ready tasks and importing them into a server
+//!   of the same serving stack.
 //! - [`store`]: the state folder.
 //!
 //! The mathematics (the temperature fit, the figures, the intent head) is
@@ -25,6 +29,8 @@
 //! [`TaskSpec`] and maps [`TaskError`] to statuses.
 //! `docs/design/tasks.md` states every rule.
 
+pub mod certificate;
+mod exchange;
 mod registry;
 mod report;
 pub mod store;
@@ -35,6 +41,7 @@ use std::sync::{Arc, Condvar, Mutex};
 
 use serde::{Deserialize, Serialize};
 
+pub use self::exchange::{Export, Exported};
 pub use self::report::{fit, fit_intent, minimum_holdout, Report, SetsReport};
 pub use crate::stats::{calibrate, conformal, head};
 
@@ -133,6 +140,10 @@ pub struct TaskSpec {
     /// holdout.
     #[serde(default)]
     pub coverage: Option<Coverage>,
+    /// Certified answers: the held-out side is chosen by
+    /// [`certificate::hash_split`] and certified on.
+    #[serde(default)]
+    pub certify: Option<certificate::CertifySpec>,
 }
 
 /// What a task's prediction sets promise: the true option is in the set
@@ -166,6 +177,25 @@ pub struct WireTask {
 }
 
 impl TaskSpec {
+    /// What identifies an example's input for the certified split: its
+    /// state and the question (its identity on the wire, else its text and
+    /// options).
+    pub fn input_of(&self, state: &str) -> String {
+        let question = match &self.wire {
+            Some(w) => w.identity.clone(),
+            None => serde_json::json!([self.question, self.labels]).to_string(),
+        };
+        format!("{question}\u{0}{state}")
+    }
+
+    /// A certified task's fit and held-out indices of `examples`; `None`
+    /// when the task certifies nothing (its split is then the seeded one).
+    pub fn certified_split(&self, examples: &[Example]) -> Option<(Vec<usize>, Vec<usize>)> {
+        self.certify?;
+        let inputs: Vec<String> = examples.iter().map(|e| self.input_of(&e.state)).collect();
+        Some(certificate::hash_split(&self.name, &inputs, self.holdout))
+    }
+
     /// How the task's questions are put to the model: a System One choice
     /// task's in the wire's layout (its examples were read so); an intent
     /// task's, and a task asked by name, in decisio's own.
@@ -245,6 +275,9 @@ pub enum TaskError {
     /// The state folder could not be written.
     #[error("{0}")]
     Store(String),
+    /// An import fitted on another serving stack: a 409.
+    #[error("{0}")]
+    StackDiffers(String),
 }
 
 /// What `DELETE` removed: the task with its files, its registration
@@ -266,6 +299,9 @@ pub struct TaskRegistry {
     tasks: Mutex<BTreeMap<String, TaskRecord>>,
     /// The heads of ready intent tasks, by task id.
     heads: Mutex<HashMap<String, Arc<Head>>>,
+    /// The traffic monitors of certified tasks, by task id (in memory:
+    /// they start again with the server).
+    monitors: Mutex<HashMap<String, crate::stats::monitor::Monitor>>,
     wake: Condvar,
     store: Store,
     route: Arc<TextRoute>,

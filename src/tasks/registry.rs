@@ -7,6 +7,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
+use super::certificate::{Reason, Stack, Verdict};
 use super::store::Store;
 use super::{
     Deleted, Example, Kind, Progress, SetsReport, Status, TaskError, TaskLimits, TaskRecord,
@@ -15,6 +16,7 @@ use super::{
 use crate::engine::EngineStatus;
 use crate::route::{Question, TextRoute};
 use crate::stats::head::Head;
+use crate::stats::monitor::Monitor;
 
 fn unix_now() -> u64 {
     std::time::SystemTime::now()
@@ -87,6 +89,7 @@ impl TaskRegistry {
         let registry = Arc::new(TaskRegistry {
             tasks: Mutex::new(tasks),
             heads: Mutex::new(heads),
+            monitors: Mutex::new(HashMap::new()),
             wake: Condvar::new(),
             store,
             metrics: route.metrics.clone(),
@@ -221,6 +224,7 @@ impl TaskRegistry {
         self.store.remove(id).map_err(TaskError::Store)?;
         let record = tasks.remove(id).expect("present");
         self.heads_lock().remove(id);
+        self.forget_monitor(&record);
         tracing::info!("task `{}` ({id}): removed", record.spec.name);
         self.update_gauges(&tasks);
         Ok(Deleted { record, cancelled })
@@ -286,6 +290,192 @@ impl TaskRegistry {
         let tasks = self.lock();
         let record = tasks.values().find(|r| r.spec.name == name)?;
         record.report.as_ref()?.prediction_sets.clone()
+    }
+
+    /// The serving stack a certificate made now would name.
+    pub fn stack(&self) -> Stack {
+        let r = &self.route;
+        Stack {
+            model: r.engine().info().identity.clone(),
+            tokenizer: r.tokenizer_identity.clone(),
+            backend: r.engine().capabilities().name.to_string(),
+            layout: Stack::layout_of(
+                r.template.source(),
+                &format!("{:?}/{:?}", r.wire.format, r.wire.noul),
+            ),
+        }
+    }
+
+    /// The verdict on an answer of the task named `name` (`None` when the
+    /// task has no certificate): its chosen option, its top probability,
+    /// and `as_certified`, false when the request changed what is served.
+    /// The answer is counted by the task's traffic monitor and metrics.
+    pub fn verdict(
+        &self,
+        name: &str,
+        chosen: usize,
+        conf: f64,
+        as_certified: bool,
+    ) -> Option<Verdict> {
+        let (id, cert) = {
+            let tasks = self.lock();
+            let r = tasks.values().find(|r| r.spec.name == name)?;
+            (r.id.clone(), r.report.as_ref()?.certificate.clone()?)
+        };
+        let mut monitors = self.monitors.lock().unwrap_or_else(|p| p.into_inner());
+        let monitor = monitors
+            .entry(id)
+            .or_insert_with(|| Monitor::new(cert.monitor.clone()));
+        let verdict = cert.verdict(
+            &self.stack(),
+            conf,
+            as_certified,
+            monitor.confidence_alerting(),
+        );
+        // Answers served as certified are the traffic the promise is for.
+        if !matches!(verdict.reason, Some(Reason::ServingStackChanged)) {
+            monitor.observe(chosen, verdict.certified, conf);
+        }
+        self.export_verdict(name, &verdict, &monitor.facts());
+        Some(verdict)
+    }
+
+    /// The verdict on a System One question of `identity` that no task
+    /// serves because the certified task registered for it was fitted on
+    /// another model: not certified, the stack changed.
+    pub fn stale_verdict(&self, identity: &str) -> Option<Verdict> {
+        let tasks = self.lock();
+        let model = &self.route.engine().info().identity;
+        let r = tasks
+            .values()
+            .filter(|r| r.spec.wire.as_ref().is_some_and(|w| w.identity == identity))
+            .filter(|r| r.status == Status::Ready && &r.model != model)
+            .max_by_key(|r| r.created)?;
+        let cert = r.report.as_ref()?.certificate.as_ref()?;
+        Some(Verdict {
+            certified: false,
+            certificate: cert.id.clone(),
+            reason: Some(Reason::ServingStackChanged),
+        })
+    }
+
+    /// A certified task's state, as the reference shows it: `suspended`
+    /// (the serving stack changed: what changed, and how to certify
+    /// again), `traffic_changed` (a traffic signal alerts) or `ok`, with
+    /// the monitor's facts; `None` without a certificate.
+    pub fn certificate_status(&self, r: &TaskRecord) -> Option<serde_json::Value> {
+        let cert = r.report.as_ref()?.certificate.as_ref()?;
+        let now = self.stack();
+        if cert.stack != now {
+            return Some(serde_json::json!({
+                "state": "suspended",
+                "text": "suspended: serving stack changed",
+                "changed": cert.stack.differences(&now),
+                "recertify": format!(
+                    "register the task again on this server (DELETE /v1/tasks/{}, then POST \
+                     /v1/tasks)",
+                    r.id
+                ),
+            }));
+        }
+        let facts = self.traffic(&r.id);
+        let state = facts.as_ref().map_or("ok", |f| f.state);
+        let text = match (&facts, state) {
+            (Some(f), "traffic_changed") => {
+                let suspended = cert.suspend_on_alert && f.signals.contains(&"confidence");
+                format!(
+                    "traffic changed: {} moved away from the certification examples'{}",
+                    f.signals
+                        .iter()
+                        .map(|s| match *s {
+                            "answer_mix" => "the mix of chosen options",
+                            _ => "the confidences",
+                        })
+                        .collect::<Vec<_>>()
+                        .join(" and "),
+                    if suspended {
+                        "; certification is suspended (every answer is certified: false) \
+                         until the alert clears"
+                    } else {
+                        " (the certificate is not suspended)"
+                    }
+                )
+            }
+            _ => "ok".to_string(),
+        };
+        let mut out = serde_json::json!({"state": state, "text": text});
+        if let Some(f) = facts {
+            out["monitor"] = serde_json::to_value(f).unwrap_or_default();
+        }
+        Some(out)
+    }
+
+    /// The traffic facts of a certified task's monitor (`None` before its
+    /// first answer since the server started, or without a certificate).
+    pub fn traffic(&self, id: &str) -> Option<crate::stats::monitor::Facts> {
+        let monitors = self.monitors.lock().unwrap_or_else(|p| p.into_inner());
+        monitors.get(id).map(Monitor::facts)
+    }
+
+    fn export_verdict(&self, name: &str, verdict: &Verdict, facts: &crate::stats::monitor::Facts) {
+        let m = &self.metrics;
+        let label = match verdict.reason {
+            None => "certified",
+            Some(r) => r.as_str(),
+        };
+        m.certified_task_answers
+            .with_label_values(&[name, label])
+            .inc();
+        if let Some(d) = facts.distance {
+            m.certified_task_mix_distance
+                .with_label_values(&[name])
+                .set(d);
+        }
+        m.certified_task_mix_line
+            .with_label_values(&[name])
+            .set(facts.line);
+        if let (Some(s), Some(l)) = (facts.statistic, facts.limit) {
+            m.certified_task_confidence_statistic
+                .with_label_values(&[name])
+                .set(s);
+            m.certified_task_confidence_limit
+                .with_label_values(&[name])
+                .set(l);
+        }
+        for signal in ["answer_mix", "confidence"] {
+            m.certified_task_alert
+                .with_label_values(&[name, signal])
+                .set(facts.signals.contains(&signal) as i64);
+        }
+    }
+
+    /// Drops a deleted task's monitor and its metric series.
+    fn forget_monitor(&self, record: &TaskRecord) {
+        let mut monitors = self.monitors.lock().unwrap_or_else(|p| p.into_inner());
+        if monitors.remove(&record.id).is_none() {
+            return;
+        }
+        let m = &self.metrics;
+        let name = record.spec.name.as_str();
+        for verdict in ["certified"]
+            .into_iter()
+            .chain(Reason::ALL.map(Reason::as_str))
+        {
+            let _ = m
+                .certified_task_answers
+                .remove_label_values(&[name, verdict]);
+        }
+        for g in [
+            &m.certified_task_mix_distance,
+            &m.certified_task_mix_line,
+            &m.certified_task_confidence_statistic,
+            &m.certified_task_confidence_limit,
+        ] {
+            let _ = g.remove_label_values(&[name]);
+        }
+        for signal in ["answer_mix", "confidence"] {
+            let _ = m.certified_task_alert.remove_label_values(&[name, signal]);
+        }
     }
 
     /// The question a ready task asks: its question and options, its

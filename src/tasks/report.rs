@@ -5,6 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::certificate::CertificateReport;
 use super::{Abstention, Coverage, TaskSpec};
 use crate::stats::calibrate::{self, Figures, Threshold};
 use crate::stats::conformal::{self, Score};
@@ -37,6 +38,9 @@ pub struct Report {
     /// The prediction sets' threshold, when the task asked for a coverage.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prediction_sets: Option<SetsReport>,
+    /// The certificate, when the task was registered with `certify`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub certificate: Option<CertificateReport>,
 }
 
 /// A task's prediction sets: the conformal threshold fitted on the holdout
@@ -104,11 +108,21 @@ fn sets(spec: &TaskSpec, logits: &[Vec<f32>], labels: &[usize], t: f64) -> Optio
     SetsReport::fit(coverage, &probabilities, labels)
 }
 
-/// Fits a choice task on its scored examples: the seeded split, the
-/// temperature on the fit split, the figures and the threshold on the
-/// holdout.
-pub fn fit(spec: &TaskSpec, logits: &[Vec<f32>], labels: &[usize], default_t: f64) -> Report {
-    let (fit_idx, held_idx) = calibrate::split(logits.len(), spec.holdout, spec.seed);
+/// A task's fit and held-out indices: `certified` (a certified task's
+/// [`TaskSpec::certified_split`]) when given, else the seeded split.
+pub type Split = Option<(Vec<usize>, Vec<usize>)>;
+
+/// Fits a choice task on its scored examples: the split, the temperature
+/// on the fit side, the figures and the threshold on the holdout.
+pub fn fit(
+    spec: &TaskSpec,
+    logits: &[Vec<f32>],
+    labels: &[usize],
+    default_t: f64,
+    certified: Split,
+) -> Report {
+    let (fit_idx, held_idx) =
+        certified.unwrap_or_else(|| calibrate::split(logits.len(), spec.holdout, spec.seed));
     let pick = |idx: &[usize]| -> (Vec<Vec<f32>>, Vec<usize>) {
         (
             idx.iter().map(|&i| logits[i].clone()).collect(),
@@ -132,11 +146,12 @@ pub fn fit(spec: &TaskSpec, logits: &[Vec<f32>], labels: &[usize], default_t: f6
         head: None,
         draws: None,
         prediction_sets,
+        certificate: None,
     }
 }
 
 /// Fits an intent task on its examples' hidden states: the seeded
-/// stratified split, the head on the fit split (cross-validated strength
+/// stratified split (a certified task's when `certified`), the head on the fit split (cross-validated strength
 /// and the head on its head part, the temperature on its calibration part),
 /// the figures and the threshold on the holdout, and the draws when asked
 /// for.
@@ -144,9 +159,11 @@ pub fn fit_intent(
     spec: &TaskSpec,
     features: &[Vec<f32>],
     labels: &[usize],
+    certified: Split,
 ) -> Result<(Report, Head), String> {
     let n_labels = spec.labels.len();
-    let (fit_idx, held_idx) = head::stratified_split(labels, n_labels, spec.holdout, spec.seed);
+    let (fit_idx, held_idx) = certified
+        .unwrap_or_else(|| head::stratified_split(labels, n_labels, spec.holdout, spec.seed));
     let rows: Vec<&[f32]> = features.iter().map(|f| f.as_slice()).collect();
     let fx: Vec<&[f32]> = fit_idx.iter().map(|&i| rows[i]).collect();
     let fy: Vec<usize> = fit_idx.iter().map(|&i| labels[i]).collect();
@@ -188,6 +205,7 @@ pub fn fit_intent(
             head: Some(fitted.report),
             draws,
             prediction_sets,
+            certificate: None,
         },
         fitted.head,
     ))

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{fit, fit_intent, Kind, Status, TaskRecord, TaskRegistry, TaskSpec};
+use super::{certificate, fit, fit_intent, Kind, Status, TaskRecord, TaskRegistry, TaskSpec};
 use crate::engine::{EngineError, EngineStatus};
 use crate::route::{Question, RouteError, State};
 use crate::stats::head::Head;
@@ -171,16 +171,42 @@ impl TaskRegistry {
             }
         }
         let labels: Vec<usize> = examples.iter().map(|e| e.label).collect();
+        let split = spec.certified_split(&examples);
         let (mut report, head) = match spec.kind {
             Kind::Choice => (
-                fit(&spec, &logits, &labels, self.route.default_temperature),
+                fit(
+                    &spec,
+                    &logits,
+                    &labels,
+                    self.route.default_temperature,
+                    split,
+                ),
                 None,
             ),
             Kind::Intent => {
-                let (report, head) = fit_intent(&spec, &logits, &labels)?;
+                let (report, head) = fit_intent(&spec, &logits, &labels, split)?;
                 (report, Some(head))
             }
         };
+        // The certificate, on the held-out answers as served: the letters'
+        // logits, or the head's on the hidden states.
+        let held = &report.holdout_indices;
+        let held_rows: Vec<Vec<f32>> = held
+            .iter()
+            .map(|&i| match &head {
+                Some(h) => h.logits(&logits[i]),
+                None => logits[i].clone(),
+            })
+            .collect();
+        let held_labels: Vec<usize> = held.iter().map(|&i| labels[i]).collect();
+        report.certificate = certificate::of_holdout(
+            &spec,
+            &held_rows,
+            &held_labels,
+            report.temperature,
+            report.fit_examples,
+            self.stack(),
+        );
         report.seconds = before + started.elapsed().as_secs_f64();
         if let Some(h) = &head {
             // The head is on disk before the record says ready.

@@ -25,10 +25,17 @@ here is listed in docs/design/openapi.md.
 5. A stop sequence, and an intent task's label (trimmed), is at most
    `MAX_TEXT_BYTES` bytes of UTF-8 (the description's `maxLength` counts
    characters; the server counts bytes).
-6. A task's prediction sets (`x_coverage`, with `x_conformal_score`) need
-   a holdout large enough for the level, which depends on the seeded split
-   of the examples: valid draws leave both out (tests/tasks.rs registers
-   them).
+6. A task's prediction sets (`x_coverage`, with `x_conformal_score`) and
+   its certificate (`x_certify`, the reference form's `certify`) need a
+   holdout large enough for the level, which depends on the split of the
+   examples: valid draws leave them out (tests/tasks.rs and
+   tests/certify.rs register them).
+7. A registration in the reference's form asks one question in every
+   example (the first example's, here) and answers it with its keys, every
+   key in turn, as rule 1 labels decisio's own form.
+8. An import is an export a server of the same serving stack wrote (its
+   records are the server's own files): valid draws are not generated
+   (tests/certify.rs imports a real export, and one of another stack).
 """
 
 import json
@@ -59,9 +66,11 @@ def map_case(context, case):
         return case
     body = case.body
     if op.method.upper() == "POST" and op.path == "/v1/tasks":
+        if _reference_form(body):
+            _reference_task(body)
         _task_labels(body)
-        body.pop("x_coverage", None)
-        body.pop("x_conformal_score", None)
+        for key in ("x_coverage", "x_conformal_score", "x_certify", "certify"):
+            body.pop(key, None)
     elif op.method.upper() == "POST" and op.path == "/v1/chat/completions":
         if isinstance(body.get("decisio"), dict) and isinstance(body.get("messages"), list):
             _decision_question(body["messages"])
@@ -85,6 +94,36 @@ def _task_names(body):
         return _wire_keys(body["systemone"])
     kind = body.get("kind") or "choice"
     return body.get("labels") if kind == "intent" else body.get("options")
+
+
+def _reference_form(body):
+    return "id" in body and "name" not in body
+
+
+def _reference_question(body):
+    """The first example's question, when the draw has one."""
+    examples = body.get("examples")
+    if not isinstance(examples, list) or not examples or not isinstance(examples[0], dict):
+        return None
+    request = examples[0].get("request")
+    questions = request.get("questions") if isinstance(request, dict) else None
+    if not isinstance(questions, dict) or not questions:
+        return None
+    return next(iter(questions.values()))
+
+
+def _reference_task(body):
+    """Rule 7: one question in every example, answered by its keys in
+    turn."""
+    question = _reference_question(body)
+    keys = _wire_keys(question)
+    if not keys:
+        return
+    for i, example in enumerate(body["examples"]):
+        if isinstance(example, dict) and isinstance(example.get("request"), dict):
+            example["request"]["questions"] = {"q": question}
+            example["request"].pop("x_orders", None)
+            example["answer"] = keys[i % len(keys)]
 
 
 def _task_labels(body):
@@ -119,6 +158,8 @@ def filter_case(context, case):
         return True
     body = case.body
     path = op.path
+    if path == "/v1/tasks/import":
+        return False
     if path == "/v1/decide":
         state = _bytes(body.get("state"))
         for q in body.get("questions") or []:
@@ -166,6 +207,15 @@ def filter_case(context, case):
         inputs = body.get("input")
         inputs = inputs if isinstance(inputs, list) and inputs and not isinstance(inputs[0], int) else [inputs]
         return all((len(i) if isinstance(i, list) else _bytes(i) + 2) <= CONTEXT for i in inputs)
+    if path == "/v1/tasks" and _reference_form(body):
+        question = _reference_question(body)
+        keys = _wire_keys(question)
+        requests = [e.get("request") for e in body.get("examples") or [] if isinstance(e, dict)]
+        if not keys or len(requests) < len(keys) or not all(isinstance(r, dict) for r in requests):
+            return False
+        text = _json_bytes(question) + PER_PROMPT + PER_OPTION * len(keys)
+        return all(_shown(r.get("state")) and _json_bytes(r.get("state")) + text <= CONTEXT
+                   for r in requests)
     if path == "/v1/tasks" and "systemone" in body:
         keys = _wire_keys(body["systemone"])
         examples = [e for e in body.get("examples") or [] if isinstance(e, dict)]

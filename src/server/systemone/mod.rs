@@ -78,15 +78,15 @@ pub async fn systemone(
     // A registered task of the question's identity answers it with its
     // temperature, threshold or head (`tasks`); the others are asked with
     // the base's temperature of their type.
-    let tasks: Vec<Option<(Question, String)>> = request
+    let identities: Vec<String> = request
         .questions
         .iter()
         .zip(&asked)
-        .map(|((_, q), a)| {
-            state
-                .tasks
-                .wire_question(&task_identity(q, a, settings.noul))
-        })
+        .map(|((_, q), a)| task_identity(q, a, settings.noul))
+        .collect();
+    let tasks: Vec<Option<(Question, String)>> = identities
+        .iter()
+        .map(|identity| state.tasks.wire_question(identity))
         .collect();
     let questions: Vec<Question> = request
         .questions
@@ -134,12 +134,13 @@ pub async fn systemone(
         .await?;
     let per_question = started.elapsed().as_secs_f64() / request.questions.len() as f64;
     let mut answers = Map::new();
-    for ((((id, q), a), answer), task) in request
+    for (((((id, q), a), answer), task), identity) in request
         .questions
         .iter()
         .zip(&asked)
         .zip(&decision.answers)
         .zip(&tasks)
+        .zip(&identities)
     {
         let mut out = wire_answer(q, a, answer);
         if let Some((question, name)) = task {
@@ -155,6 +156,14 @@ pub async fn systemone(
                     .collect();
                 out.insert("x_prediction_set".into(), json!(set));
             }
+            // Averaged over orders, the answer is not what was certified.
+            let as_certified = answer.orders == 1;
+            let conf = answer.exact[answer.top];
+            if let Some(v) = state.tasks.verdict(name, answer.top, conf, as_certified) {
+                out.extend(v.fields(state.reference_field_names));
+            }
+        } else if let Some(v) = state.tasks.stale_verdict(identity) {
+            out.extend(v.fields(state.reference_field_names));
         }
         let kind = q.kind.as_str();
         state

@@ -1,14 +1,16 @@
 //! The `/v1/tasks` routes: registering a task (`POST`, answered 202 while
 //! it fits in the background), listing, reading and deleting tasks; their
-//! request and response bodies; `validate.rs` checks a registration.
+//! request and response bodies; `validate.rs` checks a registration;
+//! `reference.rs` takes a registration in the reference decisio's form.
 
+pub mod reference;
 mod validate;
 
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde::{Deserialize, Serialize};
 
 use self::validate::validate;
-use super::body::read_json;
+use super::body::{parse, read_bytes};
 use super::error::ApiError;
 use super::fields::int;
 use super::AppState;
@@ -54,6 +56,33 @@ pub struct TaskRequest {
     pub x_coverage: Option<f64>,
     /// The sets' conformal score: `lac` (the default) or `aps`.
     pub x_conformal_score: Option<String>,
+    /// Certified answers (the reference form's `certify`).
+    pub x_certify: Option<CertifyIn>,
+    /// The name the certify block came under (`certify` in the reference
+    /// form), for errors.
+    #[serde(skip)]
+    pub certify_name: Option<&'static str>,
+}
+
+impl TaskRequest {
+    /// The request's name of its certify block.
+    pub fn certify_param(&self) -> &'static str {
+        self.certify_name.unwrap_or("x_certify")
+    }
+}
+
+/// A `certify` block: the promise's `alpha` and `delta`, the fewest
+/// held-out examples, the held-out share, and whether a traffic alert
+/// suspends certification.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CertifyIn {
+    pub alpha: Option<f64>,
+    pub delta: Option<f64>,
+    #[serde(default, deserialize_with = "int::opt")]
+    pub min_examples: Option<i64>,
+    pub holdout: Option<f64>,
+    pub suspend_on_alert: Option<bool>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -128,6 +157,10 @@ pub struct TaskOut {
     pub error: Option<String>,
     /// The fitted figures, once ready.
     pub result: Option<crate::tasks::Report>,
+    /// A certified task's state: `ok`, `traffic_changed` or `suspended`
+    /// (the serving stack changed), with its traffic monitor's facts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub x_certificate_status: Option<serde_json::Value>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -171,28 +204,52 @@ fn task_out(r: &TaskRecord) -> TaskOut {
         progress: r.progress.clone(),
         error: r.error.clone(),
         result: r.report.clone(),
+        x_certificate_status: None,
     }
 }
 
-/// `POST /v1/tasks`: queues a registration; 202 with the task and its
-/// `Location`.
-pub async fn create_task(
-    req: HttpRequest,
-    payload: web::Payload,
-    state: web::Data<AppState>,
-) -> Result<HttpResponse> {
-    let body: TaskRequest = read_json(&req, payload, state.limits.max_task_body_bytes).await?;
+/// A task as the routes show it: [`task_out`] with its certificate's
+/// state.
+fn shown(r: &TaskRecord, state: &AppState) -> TaskOut {
+    TaskOut {
+        x_certificate_status: state.tasks.certificate_status(r),
+        ..task_out(r)
+    }
+}
+
+/// A registration validated against this server's backend and base.
+fn validated(
+    body: &TaskRequest,
+    state: &AppState,
+) -> Result<(crate::tasks::TaskSpec, Vec<crate::tasks::Example>)> {
     state.ready()?;
     let layers = state.route.engine().hidden_layers();
     let caps = state.route.engine().capabilities();
-    let (spec, examples) = validate(
-        &body,
+    validate(
+        body,
         &state.limits,
         layers,
         caps.name,
         caps.hidden_hint,
         state.route.wire.noul,
-    )?;
+    )
+}
+
+/// `POST /v1/tasks`: queues a registration; 202 with the task and its
+/// `Location`. A body in the reference decisio's form (`id`, no `name`) is
+/// registered as the reference registers it, answered once ready
+/// ([`reference`]).
+pub async fn create_task(
+    req: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse> {
+    let bytes = read_bytes(&req, payload, state.limits.max_task_body_bytes).await?;
+    if reference::is_reference_form(&bytes) {
+        return reference::register(&bytes, state).await;
+    }
+    let body: TaskRequest = parse(&bytes)?;
+    let (spec, examples) = validated(&body, &state)?;
     let tasks = state.tasks.clone();
     // Writing the examples to the state folder syncs the disk: off the
     // server's threads.
@@ -204,15 +261,57 @@ pub async fn create_task(
         .json(task_out(&record)))
 }
 
-pub async fn list_tasks(state: web::Data<AppState>) -> HttpResponse {
-    HttpResponse::Ok().json(TaskList {
-        object: "list",
-        data: state.tasks.list().iter().map(task_out).collect(),
-    })
+/// `GET /v1/tasks`'s query.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    /// `1`: the export `POST /v1/tasks/import` loads, in place of the list.
+    pub full: Option<u8>,
+}
+
+/// `GET /v1/tasks`: every task, oldest first; with `?full=1` the ready
+/// tasks as an export.
+pub async fn list_tasks(
+    query: web::Query<ListQuery>,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse> {
+    match query.full {
+        None | Some(0) => Ok(HttpResponse::Ok().json(TaskList {
+            object: "list",
+            data: state
+                .tasks
+                .list()
+                .iter()
+                .map(|r| shown(r, &state))
+                .collect(),
+        })),
+        Some(1) => Ok(HttpResponse::Ok().json(state.tasks.export())),
+        Some(n) => Err(ApiError::invalid(
+            "full",
+            format!("`full` is 0 (the list) or 1 (the export); got {n}"),
+        )),
+    }
+}
+
+/// `POST /v1/tasks/import`: loads an export of a server of the same
+/// serving stack, without fitting again; the ids loaded.
+pub async fn import_tasks(
+    req: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse> {
+    let bytes = read_bytes(&req, payload, state.limits.max_task_body_bytes).await?;
+    let export: crate::tasks::Export = parse(&bytes)?;
+    state.ready()?;
+    let tasks = state.tasks.clone();
+    let ids = web::block(move || tasks.import(export))
+        .await
+        .map_err(|e| ApiError::Internal(e.to_string()))??;
+    Ok(HttpResponse::Ok().json(serde_json::json!({"object": "tasks.import", "loaded": ids})))
 }
 
 pub async fn get_task(id: web::Path<String>, state: web::Data<AppState>) -> Result<HttpResponse> {
-    Ok(HttpResponse::Ok().json(task_out(&state.tasks.get(&id)?)))
+    Ok(HttpResponse::Ok().json(shown(&state.tasks.get(&id)?, &state)))
 }
 
 /// `DELETE /v1/tasks/{id}`: removes the task, cancelling its registration

@@ -10,6 +10,8 @@ use crate::server::systemone::{
     parse_one, state_text, task_identity, to_asked, Asked, Kind as WireKind,
 };
 use crate::settings::Limits;
+use crate::stats::certify::minimum_examples;
+use crate::tasks::certificate::{CertifySpec, DEFAULT_ALPHA, DEFAULT_DELTA, DEFAULT_HOLDOUT};
 use crate::tasks::conformal::Score;
 use crate::tasks::{
     minimum_holdout, Abstention, Coverage, DrawSpec, Example, Kind, TaskSpec, WireTask,
@@ -153,7 +155,25 @@ pub(super) fn validate(
             ),
         ));
     }
-    let holdout = unit(req.holdout.unwrap_or(0.2), true, "holdout")?;
+    // A certified task holds out half its examples by default, as the
+    // reference does.
+    let default_holdout = if req.x_certify.is_some() {
+        DEFAULT_HOLDOUT
+    } else {
+        0.2
+    };
+    let holdout = match (req.holdout, req.x_certify.as_ref().and_then(|c| c.holdout)) {
+        (Some(a), Some(b)) if a != b => {
+            return Err(ApiError::invalid(
+                "holdout",
+                format!(
+                    "`holdout` ({a}) and `{}.holdout` ({b}) differ; give one",
+                    req.certify_param()
+                ),
+            ))
+        }
+        (a, b) => unit(a.or(b).unwrap_or(default_holdout), true, "holdout")?,
+    };
     let seed = match req.seed {
         None => 0,
         Some(s) if s >= 0 => s as u64,
@@ -185,44 +205,119 @@ pub(super) fn validate(
             }
         },
     };
-    let coverage = coverage(req, &examples, labels.len(), kind, holdout, seed)?;
-    Ok((
-        TaskSpec {
-            name: name.to_string(),
-            kind,
-            question: match &wire {
-                Some((_, asked)) => asked.instructions.clone(),
-                None => req
-                    .question
-                    .as_deref()
-                    .unwrap_or_default()
-                    .trim()
-                    .to_string(),
-            },
-            labels,
-            holdout,
-            seed,
-            abstention,
-            head_layer,
-            draws,
-            wire: wire.map(|(task, _)| task),
-            coverage,
+    let certify = certify(req)?;
+    let mut spec = TaskSpec {
+        name: name.to_string(),
+        kind,
+        question: match &wire {
+            Some((_, asked)) => asked.instructions.clone(),
+            None => req
+                .question
+                .as_deref()
+                .unwrap_or_default()
+                .trim()
+                .to_string(),
         },
-        examples,
-    ))
+        labels,
+        holdout,
+        seed,
+        abstention,
+        head_layer,
+        draws,
+        wire: wire.map(|(task, _)| task),
+        coverage: None,
+        certify,
+    };
+    if let Some(c) = &spec.certify {
+        if spec
+            .wire
+            .as_ref()
+            .is_some_and(|w| w.question["type"] == "score")
+        {
+            return Err(ApiError::invalid(
+                req.certify_param(),
+                "score questions are not certified (an ordinal answer has no single wrong answer); \
+                 register the task without a certify block",
+            ));
+        }
+        let held = spec.certified_split(&examples).map_or(0, |s| s.1.len());
+        if held < c.min_examples {
+            let why = if c.min_examples > minimum_examples(c.alpha, c.delta) {
+                format!("you asked for at least {}", c.min_examples)
+            } else {
+                format!(
+                    "with alpha {} and delta {} even a task answered right every time needs {}",
+                    c.alpha, c.delta, c.min_examples
+                )
+            };
+            return Err(ApiError::invalid(
+                req.certify_param(),
+                format!(
+                    "{held} held-out labelled examples (holdout {holdout} of {n}), and at least {} \
+                     are needed to certify: {why}. Send more examples or a larger holdout",
+                    c.min_examples
+                ),
+            ));
+        }
+    }
+    let held = match spec.certified_split(&examples) {
+        Some((_, held)) => held.len(),
+        None => match kind {
+            Kind::Choice => crate::tasks::calibrate::split(examples.len(), holdout, seed)
+                .1
+                .len(),
+            Kind::Intent => {
+                let labels: Vec<usize> = examples.iter().map(|e| e.label).collect();
+                crate::tasks::head::stratified_split(&labels, spec.labels.len(), holdout, seed)
+                    .1
+                    .len()
+            }
+        },
+    };
+    spec.coverage = coverage(req, held, examples.len(), holdout)?;
+    Ok((spec, examples))
+}
+
+/// A registration's `certify` block (`x_certify` in decisio's form): alpha
+/// and delta in (0, 1) (defaults 0.05 and 0.1), `min_examples` never below
+/// what the procedure needs, `suspend_on_alert` (default true).
+fn certify(req: &TaskRequest) -> Result<Option<CertifySpec>> {
+    let Some(c) = &req.x_certify else {
+        return Ok(None);
+    };
+    let param = req.certify_param();
+    let alpha = unit(
+        c.alpha.unwrap_or(DEFAULT_ALPHA),
+        true,
+        &format!("{param}.alpha"),
+    )?;
+    let delta = unit(
+        c.delta.unwrap_or(DEFAULT_DELTA),
+        true,
+        &format!("{param}.delta"),
+    )?;
+    let asked = match c.min_examples {
+        None => 0,
+        Some(m) if m >= 0 => m as usize,
+        Some(m) => {
+            return Err(ApiError::invalid(
+                &format!("{param}.min_examples"),
+                format!("`{param}.min_examples` must be 0 or more; got {m}"),
+            ))
+        }
+    };
+    Ok(Some(CertifySpec {
+        alpha,
+        delta,
+        min_examples: asked.max(minimum_examples(alpha, delta)),
+        suspend_on_alert: c.suspend_on_alert.unwrap_or(true),
+    }))
 }
 
 /// The prediction sets a registration asks for: a coverage in (0, 1), a
 /// score, and a holdout large enough to calibrate them (the split is the
 /// one the task will be fitted with).
-fn coverage(
-    req: &TaskRequest,
-    examples: &[Example],
-    n_labels: usize,
-    kind: Kind,
-    holdout: f64,
-    seed: u64,
-) -> Result<Option<Coverage>> {
+fn coverage(req: &TaskRequest, held: usize, n: usize, holdout: f64) -> Result<Option<Coverage>> {
     let Some(level) = req.x_coverage else {
         if req.x_conformal_score.is_some() {
             return Err(ApiError::invalid(
@@ -243,21 +338,13 @@ fn coverage(
             ))
         }
     };
-    let held = match kind {
-        Kind::Choice => crate::tasks::calibrate::split(examples.len(), holdout, seed).1,
-        Kind::Intent => {
-            let labels: Vec<usize> = examples.iter().map(|e| e.label).collect();
-            crate::tasks::head::stratified_split(&labels, n_labels, holdout, seed).1
-        }
-    };
     let needed = minimum_holdout(level);
-    if held.len() < needed {
+    if held < needed {
         return Err(ApiError::invalid(
             "x_coverage",
             format!(
                 "prediction sets of coverage {level} are calibrated on at least {needed}                  held-out examples; this registration holds out {} (`holdout` {holdout} of {}                  examples): send more examples, a larger `holdout` or a lower `x_coverage`",
-                held.len(),
-                examples.len()
+                held, n
             ),
         ));
     }
