@@ -483,16 +483,8 @@ mod tests {
         let v = c.verdict(&stack(), 0.0, true, false);
         assert_eq!(v.fields(false)["x_certified_reason"], "below_threshold");
         assert_eq!(v.fields(true)["certified"], false);
-        let none = CertificateReport::make(
-            "t",
-            spec,
-            &conf,
-            &chosen,
-            &[false; 200],
-            2,
-            split,
-            stack(),
-        );
+        let none =
+            CertificateReport::make("t", spec, &conf, &chosen, &[false; 200], 2, split, stack());
         assert_eq!(none.threshold, None);
         assert!(none.summary.starts_with("Nothing is certified"));
         assert_eq!(

@@ -32,7 +32,8 @@ here is listed in docs/design/openapi.md.
    tests/certify.rs register them).
 7. A registration in the reference's form asks one question in every
    example (the first example's, here) and answers it with its keys, every
-   key in turn, as rule 1 labels decisio's own form.
+   key in turn, as rule 1 labels decisio's own form; its states are not
+   blank (as decisio's own form's pattern says).
 8. An import is an export a server of the same serving stack wrote (its
    records are the server's own files): valid draws are not generated
    (tests/certify.rs imports a real export, and one of another stack).
@@ -214,8 +215,8 @@ def filter_case(context, case):
         if not keys or len(requests) < len(keys) or not all(isinstance(r, dict) for r in requests):
             return False
         text = _json_bytes(question) + PER_PROMPT + PER_OPTION * len(keys)
-        return all(_shown(r.get("state")) and _json_bytes(r.get("state")) + text <= CONTEXT
-                   for r in requests)
+        return all(_shown(r.get("state")) and _not_blank(r.get("state"))
+                   and _json_bytes(r.get("state")) + text <= CONTEXT for r in requests)
     if path == "/v1/tasks" and "systemone" in body:
         keys = _wire_keys(body["systemone"])
         examples = [e for e in body.get("examples") or [] if isinstance(e, dict)]
@@ -251,6 +252,13 @@ def _json_bytes(value):
     if isinstance(value, str):
         return _bytes(value)
     return _bytes(json.dumps(value, ensure_ascii=False))
+
+
+def _not_blank(state):
+    """Rule 7: a text state is not blank (the example schema of decisio's
+    own form says so with a pattern; the reference form's request is a
+    System One request, whose state may be)."""
+    return not isinstance(state, str) or bool(state.strip())
 
 
 def _shown(state):

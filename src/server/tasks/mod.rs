@@ -271,10 +271,13 @@ pub struct ListQuery {
 
 /// `GET /v1/tasks`: every task, oldest first; with `?full=1` the ready
 /// tasks as an export.
-pub async fn list_tasks(
-    query: web::Query<ListQuery>,
-    state: web::Data<AppState>,
-) -> Result<HttpResponse> {
+pub async fn list_tasks(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse> {
+    let query = web::Query::<ListQuery>::from_query(req.query_string()).map_err(|e| {
+        ApiError::invalid(
+            "full",
+            format!("the query is `full=0` (the list) or `full=1` (the export): {e}"),
+        )
+    })?;
     match query.full {
         None | Some(0) => Ok(HttpResponse::Ok().json(TaskList {
             object: "list",

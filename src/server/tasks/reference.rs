@@ -81,7 +81,11 @@ fn answer_key(answer: &Value, i: usize) -> Result<String> {
         Value::String(s) => Ok(s.clone()),
         Value::Bool(true) => Ok("yes".into()),
         Value::Bool(false) => Ok("no".into()),
-        Value::Number(n) => Ok(n.to_string()),
+        // An integral number is its integer's decimal form (2.0 is 2).
+        Value::Number(n) => Ok(match n.as_f64() {
+            Some(f) if f.fract() == 0.0 && f.abs() < 1e15 => format!("{}", f as i64),
+            _ => n.to_string(),
+        }),
         other => Err(ApiError::invalid(
             &format!("examples[{i}].answer"),
             format!("an answer is one of the question's keys; got {other}"),
@@ -111,10 +115,8 @@ fn to_request(body: ReferenceTask, hidden: bool) -> Result<TaskRequest> {
             ));
         }
     }
-    let name = match &body.id {
-        Value::String(s) => s.clone(),
-        Value::Number(n) => n.to_string(),
-        _ => return Err(ApiError::invalid("id", "`id` is the task's name, a string")),
+    let Value::String(name) = body.id else {
+        return Err(ApiError::invalid("id", "`id` is the task's name, a string"));
     };
     let mut question: Option<Value> = None;
     let mut examples = Vec::with_capacity(body.examples.len());
