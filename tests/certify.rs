@@ -266,18 +266,43 @@ fn a_reference_client_registers_a_certified_task_and_reads_its_verdicts() {
     assert_eq!(r.status, 409, "{}", r.text());
     assert_eq!(r.json()["error"]["code"], "task_exists", "{}", r.text());
     drop(fresh);
+
+    // Certified again on new examples (the next five of each subject),
+    // with another alpha: a new certificate on them; examples the fit saw
+    // are refused.
+    let more = reference_examples(25);
+    let new: Vec<&Value> = more.chunks(25).flat_map(|subject| &subject[20..]).collect();
+    let fit_one = (0..examples.len()).find(|i| !held.contains(i)).unwrap();
+    let mut seen = new.clone();
+    seen.push(&examples[fit_one]);
+    let r = s.post_json(
+        "/v1/tasks/mmlu-cert/certify",
+        &json!({"examples": seen, "alpha": 0.3}),
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("1 of the 51"), "{}", r.text());
+    let r = s.post_json(
+        "/v1/tasks/mmlu-cert/certify",
+        &json!({"examples": new, "alpha": 0.3}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let again = r.json()["certificate"].clone();
+    assert_eq!(again["split"]["method"], "supplied", "{again}");
+    assert_eq!((&again["n"], &again["alpha"]), (&json!(50), &json!(0.3)));
+    assert_ne!(again["id"], cert["id"]);
+    let cert = again;
     drop(s);
 
     // Restarted with the reference's field names: the task is kept, its
     // monitor starts again, and the verdicts carry the reference's names.
     let s = Server::start(&["--state-dir", state_dir, "--reference-field-names"]);
     let a = ask(&s, &examples[certified_one]["request"]);
-    assert_eq!(a["certified"], true, "{a}");
+    let p = top(&a).0;
+    let certified = cert["threshold"].as_f64().is_some_and(|t| p >= t);
+    assert_eq!(a["certified"], certified, "{a} {cert}");
     assert_eq!(a["certificate"], cert["id"]);
-    assert!(
-        a.get("x_certified").is_none() && a.get("certified_reason").is_none(),
-        "{a}"
-    );
+    assert!(a.get("x_certified").is_none(), "{a}");
+    assert_eq!(a.get("certified_reason").is_none(), certified, "{a}");
     drop(s);
 
     // Another prompt layout (yes/no questions asked otherwise) is another

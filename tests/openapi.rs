@@ -216,6 +216,7 @@ fn every_request_schema_has_exactly_the_fields_the_server_reads() {
         ),
         (format!("{tasks}/abstention"), fields_of::<AbstentionIn>()),
         (format!("{s}/CertifyBlock"), fields_of::<CertifyIn>()),
+        (format!("{s}/CertifyRequest"), fields_of::<CertifyRequest>()),
         (
             format!("{s}/ReferenceTaskRequest"),
             fields_of::<ReferenceTask>(),

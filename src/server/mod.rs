@@ -11,7 +11,8 @@
 //! - `decisions`: `POST /v1/decide`, and the decision's shapes a chat
 //!   decision shares;
 //! - `tasks`: `POST /v1/tasks`, `GET /v1/tasks` (`?full=1`: an export),
-//!   `POST /v1/tasks/import`, `GET` and `DELETE /v1/tasks/{id}`;
+//!   `POST /v1/tasks/import`, `GET` and `DELETE /v1/tasks/{id}`, `POST
+//!   /v1/tasks/{id}/certify`;
 //! - `systemone`: `POST /v1/systemone`, TypeSafe's System One wire, with
 //!   its own request, error and answer shapes;
 //! - `service`: `GET /v1/models`, `/health`, `/metrics`, `/openapi.json`
@@ -70,8 +71,8 @@ pub mod types {
     pub use super::stream::Usage;
     pub use super::tasks::reference::{ReferenceCertify, ReferenceExample, ReferenceTask};
     pub use super::tasks::{
-        AbstentionIn, CertifyIn, TaskDeleted, TaskExampleIn, TaskHeadIn, TaskHeadOut, TaskList,
-        TaskOut, TaskRequest,
+        AbstentionIn, CertifyIn, CertifyRequest, TaskDeleted, TaskExampleIn, TaskHeadIn,
+        TaskHeadOut, TaskList, TaskOut, TaskRequest,
     };
     pub use super::tokens::{
         DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse,
@@ -215,6 +216,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/v1/tasks"),
     ("GET", "/v1/tasks"),
     ("POST", "/v1/tasks/import"),
+    ("POST", "/v1/tasks/{id}/certify"),
     ("GET", "/v1/tasks/{id}"),
     ("DELETE", "/v1/tasks/{id}"),
     ("GET", "/openapi.json"),
@@ -266,6 +268,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
                 ("POST", "/v1/tasks") => route.to(tasks::create_task),
                 ("GET", "/v1/tasks") => route.to(tasks::list_tasks),
                 ("POST", "/v1/tasks/import") => route.to(tasks::import_tasks),
+                ("POST", "/v1/tasks/{id}/certify") => route.to(tasks::certify_task),
                 ("GET", "/v1/tasks/{id}") => route.to(tasks::get_task),
                 ("DELETE", "/v1/tasks/{id}") => route.to(tasks::delete_task),
                 (_, "/openapi.json") => route.to(service::openapi),

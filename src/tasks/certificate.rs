@@ -39,6 +39,20 @@ pub const HOLDOUT_RULE: &str = "examples with the same input go to the same side
      ordered by the sha256 of the task name and the input and the first ones, up to the held-out \
      share, certify; the fit sees the rest";
 
+/// How certification examples were chosen when supplied apart from the
+/// fit's.
+pub const SUPPLIED_RULE: &str = "the certification examples were supplied separately and share \
+     no input with the fit examples";
+
+/// Where a certificate's examples came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Method {
+    /// The registration's held-out side ([`hash_split`]).
+    Holdout,
+    /// Examples sent to `POST /v1/tasks/{id}/certify`.
+    Supplied,
+}
+
 /// A registration's `certify` block, validated.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct CertifySpec {
@@ -105,7 +119,8 @@ pub fn served(logits: &[f32], t: f64) -> (usize, f64) {
 
 /// The certificate of a task registered with `certify`, on its held-out
 /// rows (letter logits, or an intent head's) and labels at the served
-/// temperature `t`; `None` for a task that did not ask for one.
+/// temperature `t` (the held-out side, or examples supplied to certify
+/// again: `method`); `None` for a task that did not ask for one.
 pub fn of_holdout(
     spec: &TaskSpec,
     held_logits: &[Vec<f32>],
@@ -113,6 +128,7 @@ pub fn of_holdout(
     t: f64,
     fit_examples: usize,
     stack: Stack,
+    method: Method,
 ) -> Option<CertificateReport> {
     let c = spec.certify?;
     let (mut conf, mut chosen, mut correct) = (vec![], vec![], vec![]);
@@ -122,13 +138,17 @@ pub fn of_holdout(
         chosen.push(top);
         correct.push(top == y);
     }
+    let (name, rule) = match method {
+        Method::Holdout => ("holdout", HOLDOUT_RULE),
+        Method::Supplied => ("supplied", SUPPLIED_RULE),
+    };
     let split = SplitFacts {
-        method: "holdout".into(),
+        method: name.into(),
         holdout: spec.holdout,
         fit_examples,
         certify_examples: held_labels.len(),
         disjoint: true,
-        rule: HOLDOUT_RULE.into(),
+        rule: rule.into(),
     };
     Some(CertificateReport::make(
         &spec.name,

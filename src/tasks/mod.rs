@@ -20,6 +20,7 @@
 //!   stack and the verdict on each of its answers.
 //! - `exchange.rs`: exporting ready tasks and importing them into a server
 //!   of the same serving stack.
+//! - `recertify.rs`: certifying a ready task again on new examples.
 //! - [`store`]: the state folder.
 //!
 //! The mathematics (the temperature fit, the figures, the intent head) is
@@ -31,6 +32,7 @@
 
 pub mod certificate;
 mod exchange;
+mod recertify;
 mod registry;
 mod report;
 pub mod store;

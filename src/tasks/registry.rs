@@ -372,8 +372,7 @@ impl TaskRegistry {
                 "text": "suspended: serving stack changed",
                 "changed": cert.stack.differences(&now),
                 "recertify": format!(
-                    "register the task again on this server (DELETE /v1/tasks/{}, then POST \
-                     /v1/tasks)",
+                    "POST /v1/tasks/{}/certify with new labelled examples",
                     r.id
                 ),
             }));
@@ -450,7 +449,7 @@ impl TaskRegistry {
     }
 
     /// Drops a deleted task's monitor and its metric series.
-    fn forget_monitor(&self, record: &TaskRecord) {
+    pub(super) fn forget_monitor(&self, record: &TaskRecord) {
         let mut monitors = self.monitors.lock().unwrap_or_else(|p| p.into_inner());
         if monitors.remove(&record.id).is_none() {
             return;

@@ -122,15 +122,7 @@ impl TaskRegistry {
             resumed,
             examples.len()
         );
-        let question = Question {
-            id: None,
-            text: spec.question.clone(),
-            options: spec.labels.clone(),
-            abstain_below: None,
-            temperature: None,
-            head: None,
-            wire: spec.asked_on_wire(),
-        };
+        let question = scored_question(&spec);
         let (mut last_save, mut last_log) = (Instant::now(), Instant::now());
         for i in resumed..examples.len() {
             if !self.pending(id) {
@@ -206,6 +198,7 @@ impl TaskRegistry {
             report.temperature,
             report.fit_examples,
             self.stack(),
+            certificate::Method::Holdout,
         );
         report.seconds = before + started.elapsed().as_secs_f64();
         if let Some(h) = &head {
@@ -249,7 +242,7 @@ impl TaskRegistry {
     /// The letter logits (an intent task: the hidden state) of one
     /// example: one engine job, offered again while the engine's queue is
     /// full or the model is loading.
-    fn readout(
+    pub(super) fn readout(
         &self,
         state: &str,
         question: &Question,
@@ -284,6 +277,20 @@ impl TaskRegistry {
 
 /// The question an intent task's examples are read with: the task's
 /// question alone (a head stands in for the letters).
+/// The question a registration's examples are read with: the task's
+/// question and options as asked, at no temperature (the logits are kept).
+pub(super) fn scored_question(spec: &TaskSpec) -> Question {
+    Question {
+        id: None,
+        text: spec.question.clone(),
+        options: spec.labels.clone(),
+        abstain_below: None,
+        temperature: None,
+        head: None,
+        wire: spec.asked_on_wire(),
+    }
+}
+
 fn intent_probe(question: &Question) -> Question {
     Question {
         head: Some(Arc::new(Head {

@@ -1,10 +1,14 @@
 //! The `/v1/tasks` routes: registering a task (`POST`, answered 202 while
 //! it fits in the background), listing, reading and deleting tasks; their
 //! request and response bodies; `validate.rs` checks a registration;
-//! `reference.rs` takes a registration in the reference decisio's form.
+//! `reference.rs` takes a registration in the reference decisio's form;
+//! `certify.rs` certifies a ready task again.
 
+mod certify;
 pub mod reference;
 mod validate;
+
+pub use self::certify::{certify_task, CertifyRequest};
 
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde::{Deserialize, Serialize};

@@ -76,7 +76,7 @@ pub fn is_reference_form(body: &[u8]) -> bool {
 
 /// An answer as a key: `true`/`false` are `yes`/`no`, numbers their
 /// decimal form.
-fn answer_key(answer: &Value, i: usize) -> Result<String> {
+pub(super) fn answer_key(answer: &Value, i: usize) -> Result<String> {
     match answer {
         Value::String(s) => Ok(s.clone()),
         Value::Bool(true) => Ok("yes".into()),

@@ -1,7 +1,7 @@
 //! A registration validated into a task spec and its examples, every
 //! fault a 400 naming its field (`POST /v1/tasks`).
 
-use super::{Result, TaskRequest};
+use super::{CertifyIn, Result, TaskRequest};
 use crate::route::decide::{check_question, is_blank};
 use crate::route::wire::{NoulRendering, WireAsk};
 use crate::route::Question;
@@ -282,36 +282,42 @@ pub(super) fn validate(
 /// and delta in (0, 1) (defaults 0.05 and 0.1), `min_examples` never below
 /// what the procedure needs, `suspend_on_alert` (default true).
 fn certify(req: &TaskRequest) -> Result<Option<CertifySpec>> {
-    let Some(c) = &req.x_certify else {
-        return Ok(None);
+    match &req.x_certify {
+        None => Ok(None),
+        Some(c) => certify_spec(c, req.certify_param(), "").map(Some),
+    }
+}
+
+/// A certify block's settings, each fault a 400 naming
+/// `<param>.<field>` (`prefix` before a field read at the top level, as
+/// `POST /v1/tasks/{id}/certify` reads them).
+pub(super) fn certify_spec(c: &CertifyIn, param: &str, prefix: &str) -> Result<CertifySpec> {
+    let field = |f: &str| {
+        if prefix.is_empty() && !param.is_empty() {
+            format!("{param}.{f}")
+        } else {
+            format!("{prefix}{f}")
+        }
     };
-    let param = req.certify_param();
-    let alpha = unit(
-        c.alpha.unwrap_or(DEFAULT_ALPHA),
-        true,
-        &format!("{param}.alpha"),
-    )?;
-    let delta = unit(
-        c.delta.unwrap_or(DEFAULT_DELTA),
-        true,
-        &format!("{param}.delta"),
-    )?;
+    let alpha = unit(c.alpha.unwrap_or(DEFAULT_ALPHA), true, &field("alpha"))?;
+    let delta = unit(c.delta.unwrap_or(DEFAULT_DELTA), true, &field("delta"))?;
     let asked = match c.min_examples {
         None => 0,
         Some(m) if m >= 0 => m as usize,
         Some(m) => {
+            let f = field("min_examples");
             return Err(ApiError::invalid(
-                &format!("{param}.min_examples"),
-                format!("`{param}.min_examples` must be 0 or more; got {m}"),
-            ))
+                &f,
+                format!("`{f}` must be 0 or more; got {m}"),
+            ));
         }
     };
-    Ok(Some(CertifySpec {
+    Ok(CertifySpec {
         alpha,
         delta,
         min_examples: asked.max(minimum_examples(alpha, delta)),
         suspend_on_alert: c.suspend_on_alert.unwrap_or(true),
-    }))
+    })
 }
 
 /// The prediction sets a registration asks for: a coverage in (0, 1), a
@@ -578,7 +584,7 @@ fn wire_task(
 
 /// An example's state as the task reads it: a string, or (a System One
 /// task's) an object or an array shown as the wire shows them.
-fn example_state(state: &serde_json::Value, wire: bool, i: usize) -> Result<String> {
+pub(super) fn example_state(state: &serde_json::Value, wire: bool, i: usize) -> Result<String> {
     let param = format!("examples[{i}].state");
     let text = match state {
         serde_json::Value::String(s) => s.clone(),
