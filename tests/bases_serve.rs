@@ -710,6 +710,56 @@ fn route_features(base: &str, model: &str, tokenizer: &str) {
         }
     }
 
+    // 6. A certified choice task (decisio's own form): its certificate on
+    // the hash split's held-out side, the verdict on an answer, and its
+    // export imported again after a delete, answering the same bits.
+    let r = s.post_json(
+        "/v1/tasks",
+        &json!({
+            "name": "banking-cert", "question": "What does the customer want?",
+            "options": labels,
+            "examples": examples
+                .iter()
+                .map(|(state, l)| json!({"state": state, "label": labels[*l]}))
+                .collect::<Vec<_>>(),
+            "x_certify": {"alpha": 0.6, "delta": 0.2}
+        }),
+    );
+    assert_eq!(r.status, 202, "{base}: {}", r.text());
+    let id = r.json()["id"].as_str().unwrap().to_string();
+    let t = task_settled(&s, &id);
+    assert_eq!(t["status"], "ready", "{base}: {t}");
+    let cert = &t["result"]["certificate"];
+    assert_eq!(cert["n"], t["result"]["holdout_examples"], "{base}: {cert}");
+    assert_eq!(cert["split"]["method"], "holdout", "{base}: {cert}");
+    assert_eq!(t["x_certificate_status"]["state"], "ok", "{base}: {t}");
+    let ask = json!({"state": "My new card has not come in the post.",
+                     "questions": [{"task": "banking-cert"}]});
+    let a = decide(&s, &ask)["answers"][0].clone();
+    assert_eq!(a["x_certificate"], cert["id"], "{base}: {a}");
+    let top = a["probabilities"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(finite)
+        .fold(f64::NEG_INFINITY, f64::max);
+    let certified = cert["threshold"].as_f64().is_some_and(|t| top >= t);
+    assert_eq!(a["x_certified"], certified, "{base}: {a} {cert}");
+    let export = s
+        .request("GET", "/v1/tasks?full=1", &[], None)
+        .unwrap()
+        .json();
+    for task in export["tasks"].as_array().unwrap() {
+        let id = task["record"]["id"].as_str().unwrap();
+        let r = s
+            .request("DELETE", &format!("/v1/tasks/{id}"), &[], None)
+            .unwrap();
+        assert_eq!(r.status, 200, "{base}: {}", r.text());
+    }
+    let r = s.post_json("/v1/tasks/import", &export);
+    assert_eq!(r.status, 200, "{base}: {}", r.text());
+    assert_eq!(decide(&s, &ask)["answers"][0], a, "{base}: imported");
+
     println!(
         "{base} on {model}: decision {}, intent `{label}`, chat and completion of 4 tokens, \
          embeddings of {hidden} in {:.1} s",
