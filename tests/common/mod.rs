@@ -230,6 +230,20 @@ impl Server {
         self.request("POST", path, &[], Some(body.to_string().as_bytes()))
             .expect("request")
     }
+
+    /// As [`Server::post_json`], waiting up to `wait` for the answer: for
+    /// a route that answers once work is done (a registration in the
+    /// reference's form, a certification), whose time grows with the
+    /// machine's load.
+    pub fn post_json_waiting(
+        &self,
+        path: &str,
+        body: &serde_json::Value,
+        wait: Duration,
+    ) -> Response {
+        let body = body.to_string();
+        request_waiting(self.port, "POST", path, &[], Some(body.as_bytes()), wait).expect("request")
+    }
 }
 
 /// One HTTP/1.1 request to a server on 127.0.0.1; `body` is sent as is.
@@ -240,8 +254,20 @@ pub fn request(
     headers: &[(&str, &str)],
     body: Option<&[u8]>,
 ) -> std::io::Result<Response> {
+    request_waiting(port, method, path, headers, body, Duration::from_secs(120))
+}
+
+/// [`request`], waiting up to `wait` for the answer.
+pub fn request_waiting(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&[u8]>,
+    wait: Duration,
+) -> std::io::Result<Response> {
     let mut stream = TcpStream::connect(("127.0.0.1", port))?;
-    stream.set_read_timeout(Some(Duration::from_secs(120)))?;
+    stream.set_read_timeout(Some(wait))?;
     let mut head = format!("{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n");
     for (k, v) in headers {
         head.push_str(&format!("{k}: {v}\r\n"));
