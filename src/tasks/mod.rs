@@ -304,6 +304,9 @@ pub struct TaskRegistry {
     /// The traffic monitors of certified tasks, by task id (in memory:
     /// they start again with the server).
     monitors: Mutex<HashMap<String, crate::stats::monitor::Monitor>>,
+    /// The digest of the prompt layout (the chat template and the wire's
+    /// settings), fixed for the server's life: part of every [`certificate::Stack`].
+    layout: String,
     wake: Condvar,
     store: Store,
     route: Arc<TextRoute>,

@@ -90,6 +90,10 @@ impl TaskRegistry {
             tasks: Mutex::new(tasks),
             heads: Mutex::new(heads),
             monitors: Mutex::new(HashMap::new()),
+            layout: Stack::layout_of(
+                route.template.source(),
+                &format!("{:?}/{:?}", route.wire.format, route.wire.noul),
+            ),
             wake: Condvar::new(),
             store,
             metrics: route.metrics.clone(),
@@ -299,10 +303,7 @@ impl TaskRegistry {
             model: r.engine().info().identity.clone(),
             tokenizer: r.tokenizer_identity.clone(),
             backend: r.engine().capabilities().name.to_string(),
-            layout: Stack::layout_of(
-                r.template.source(),
-                &format!("{:?}/{:?}", r.wire.format, r.wire.noul),
-            ),
+            layout: self.layout.clone(),
         }
     }
 

@@ -182,24 +182,26 @@ impl TaskRegistry {
         };
         // The certificate, on the held-out answers as served: the letters'
         // logits, or the head's on the hidden states.
-        let held = &report.holdout_indices;
-        let held_rows: Vec<Vec<f32>> = held
-            .iter()
-            .map(|&i| match &head {
-                Some(h) => h.logits(&logits[i]),
-                None => logits[i].clone(),
-            })
-            .collect();
-        let held_labels: Vec<usize> = held.iter().map(|&i| labels[i]).collect();
-        report.certificate = certificate::of_holdout(
-            &spec,
-            &held_rows,
-            &held_labels,
-            report.temperature,
-            report.fit_examples,
-            self.stack(),
-            certificate::Method::Holdout,
-        );
+        if spec.certify.is_some() {
+            let held = &report.holdout_indices;
+            let held_rows: Vec<Vec<f32>> = held
+                .iter()
+                .map(|&i| match &head {
+                    Some(h) => h.logits(&logits[i]),
+                    None => logits[i].clone(),
+                })
+                .collect();
+            let held_labels: Vec<usize> = held.iter().map(|&i| labels[i]).collect();
+            report.certificate = certificate::of_holdout(
+                &spec,
+                &held_rows,
+                &held_labels,
+                report.temperature,
+                report.fit_examples,
+                self.stack(),
+                certificate::Method::Holdout,
+            );
+        }
         report.seconds = before + started.elapsed().as_secs_f64();
         if let Some(h) = &head {
             // The head is on disk before the record says ready.

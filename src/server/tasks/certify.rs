@@ -11,12 +11,12 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::reference::{answer_key, reference_out};
+use super::reference::{answer_key, example_request, reference_out};
 use super::validate::{certify_spec, example_state};
 use super::{CertifyIn, Result};
 use crate::server::body::{parse, read_bytes};
 use crate::server::error::ApiError;
-use crate::server::systemone::{parse_request, task_identity, to_asked};
+use crate::server::systemone::{task_identity, to_asked};
 use crate::server::AppState;
 use crate::tasks::{Example, TaskRecord};
 
@@ -52,16 +52,7 @@ fn example(r: &TaskRecord, v: &Value, i: usize, state: &AppState) -> Result<Exam
                      `{state, label}` examples",
                 ));
             };
-            let bytes = serde_json::to_vec(request).unwrap_or_default();
-            let parsed = parse_request(&bytes).map_err(|faults| {
-                ApiError::invalid(
-                    &format!("{param}.request"),
-                    format!(
-                        "not a /v1/systemone request: {}",
-                        faults.first().map_or("", |d| d.msg.as_str())
-                    ),
-                )
-            })?;
+            let parsed = example_request(request, &format!("{param}.request"))?;
             let noul = state.route.wire.noul;
             let same = parsed.questions.len() == 1
                 && parsed

@@ -21,7 +21,7 @@ use super::validate::MIN_INTENT_OPTIONS;
 use super::{shown, CertifyIn, Result, TaskExampleIn, TaskRequest};
 use crate::server::body::parse;
 use crate::server::error::ApiError;
-use crate::server::systemone::parse_request;
+use crate::server::systemone::{parse_request, WireRequest};
 use crate::server::AppState;
 use crate::tasks::{Status, TaskError, TaskRecord};
 
@@ -74,6 +74,21 @@ pub fn is_reference_form(body: &[u8]) -> bool {
     )
 }
 
+/// An example's `request`, read as `/v1/systemone` reads a body, or a
+/// 400 naming `param` with the first fault.
+pub(super) fn example_request(request: &Value, param: &str) -> Result<WireRequest> {
+    let bytes = serde_json::to_vec(request).unwrap_or_default();
+    parse_request(&bytes).map_err(|faults| {
+        ApiError::invalid(
+            param,
+            format!(
+                "not a /v1/systemone request: {}",
+                faults.first().map_or("", |d| d.msg.as_str())
+            ),
+        )
+    })
+}
+
 /// An answer as a key: `true`/`false` are `yes`/`no`, numbers their
 /// decimal form.
 pub(super) fn answer_key(answer: &Value, i: usize) -> Result<String> {
@@ -121,16 +136,7 @@ fn to_request(body: ReferenceTask, hidden: bool) -> Result<TaskRequest> {
     let mut question: Option<Value> = None;
     let mut examples = Vec::with_capacity(body.examples.len());
     for (i, ex) in body.examples.iter().enumerate() {
-        let bytes = serde_json::to_vec(&ex.request).unwrap_or_default();
-        let request = parse_request(&bytes).map_err(|faults| {
-            ApiError::invalid(
-                &format!("examples[{i}].request"),
-                format!(
-                    "not a /v1/systemone request: {}",
-                    faults.first().map_or("", |d| d.msg.as_str())
-                ),
-            )
-        })?;
+        let request = example_request(&ex.request, &format!("examples[{i}].request"))?;
         if request.orders.is_some() {
             return Err(ApiError::invalid(
                 &format!("examples[{i}].request.x_orders"),
