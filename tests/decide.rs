@@ -66,6 +66,7 @@ fn prompts_split_at_the_state_and_tokenize_as_a_whole() {
                 temperature: None,
                 head: None,
                 wire: None,
+                bias: None,
             };
             let codes: Vec<String> = LETTERS.iter().map(|l| l.to_string()).collect();
             let r = render(&template, &state, &question, &codes).unwrap();

@@ -323,6 +323,7 @@ fn check_reference_prompts(folder: &str, settings: &WireSettings) -> (usize, usi
                     temperature: None,
                     head: None,
                     wire: Some(asked.ask.clone()),
+                    bias: None,
                 };
                 let r =
                     render_wire(&template, &state, &question, &asked.ask, &names, &format).unwrap();

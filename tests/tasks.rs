@@ -215,14 +215,84 @@ fn a_choice_task_is_calibrated_and_served() {
         );
         labels.push(letters.iter().position(|l| e["label"] == *l).unwrap());
     }
-    let pick = |keep: bool| -> (Vec<Vec<f64>>, Vec<usize>) {
+
+    // The letter-bias removal: each fit example was also read in its 3
+    // other cyclic rotations; PriDe's prior from those reads, asked here
+    // through /v1/decide with the options rotated, is the task's.
+    let debias = &result["debias"];
+    assert_eq!(debias["rotations"], 4, "{debias}");
+    assert_eq!(ready["x_rotations"], 4);
+    let mut prior = [0.0f64; 4];
+    for (i, e) in examples.iter().enumerate() {
+        if held.contains(&i) {
+            continue;
+        }
+        let mut mean = [0.0f64; 4];
+        for r in 0..4 {
+            let rotated: Vec<&str> = (0..4).map(|p| letters[(p + r) % 4]).collect();
+            let row = if r == 0 {
+                logits[i].clone()
+            } else {
+                let d = s.post_json(
+                    "/v1/decide",
+                    &json!({"state": e["state"], "questions": [{"text": QUESTION, "options": rotated}]}),
+                );
+                let lp = &d.json()["answers"][0]["letter_logprobs"];
+                letters.iter().map(|l| lp[l].as_f64().unwrap()).collect()
+            };
+            for (m, v) in mean.iter_mut().zip(log_softmax(&row, 1.0)) {
+                *m += v / 4.0;
+            }
+        }
+        for (p, v) in prior.iter_mut().zip(log_softmax(&mean, 1.0)) {
+            *p += v.exp() / 36.0;
+        }
+    }
+    let told: Vec<f64> = debias["prior"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{debias}"))
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+    for (a, b) in told.iter().zip(&prior) {
+        assert!((a - b).abs() < 1e-4, "prior {told:?} vs {prior:?}");
+    }
+    let bias: Vec<f64> = debias["bias"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+    assert_eq!(
+        debias["kept"].is_null(),
+        bias.iter().all(|&b| b == 0.0),
+        "{debias}"
+    );
+    let rates = &result["letter_rates"];
+    for key in ["labels", "before", "after"] {
+        let sum: f64 = rates[key]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .sum();
+        assert!((sum - 1.0).abs() < 1e-9, "{rates}");
+    }
+    println!("letter bias: {debias}\nletter rates: {rates}");
+    // The served logits: less the kept bias.
+    let served_logits: Vec<Vec<f64>> = logits
+        .iter()
+        .map(|l| l.iter().zip(&bias).map(|(v, b)| v - b).collect())
+        .collect();
+    let pick = |keep: bool, logits: &[Vec<f64>]| -> (Vec<Vec<f64>>, Vec<usize>) {
         (0..examples.len())
             .filter(|i| held.contains(i) == keep)
             .map(|i| (logits[i].clone(), labels[i]))
             .unzip()
     };
-    let (fit_l, fit_y) = pick(false);
-    let (held_l, held_y) = pick(true);
+    let (fit_l, fit_y) = pick(false, &served_logits);
+    let (held_l, held_y) = pick(true, &served_logits);
+    let (plain_l, _) = pick(true, &logits);
 
     // The fitted T minimises the NLL on the fit split (within its range).
     let nll = |t: f64| figures(&fit_l, &fit_y, t).1;
@@ -238,9 +308,10 @@ fn a_choice_task_is_calibrated_and_served() {
     }
     assert!(nll(t_fit) <= nll(1.0) + 1e-6);
 
-    // The holdout figures before (T = 1) and after (the fitted T).
-    for (key, t) in [("before", 1.0), ("after", t_fit)] {
-        let (acc, nll, ece) = figures(&held_l, &held_y, t);
+    // The holdout figures before (the plain readout at T = 1) and after
+    // (as served: less the bias, at the fitted T).
+    for (key, t, rows) in [("before", 1.0, &plain_l), ("after", t_fit, &held_l)] {
+        let (acc, nll, ece) = figures(rows, &held_y, t);
         let f = &result[key];
         assert_eq!(f["temperature"].as_f64().unwrap(), t);
         assert!(
@@ -363,10 +434,17 @@ fn a_choice_task_is_calibrated_and_served() {
         "/v1/decide",
         &json!({"state": state, "questions": [{"text": QUESTION, "options": letters, "temperature": t_fit}]}),
     );
-    assert_eq!(
-        served["probabilities"],
-        explicit.json()["answers"][0]["probabilities"]
-    );
+    if debias["kept"].is_null() {
+        assert_eq!(
+            served["probabilities"],
+            explicit.json()["answers"][0]["probabilities"]
+        );
+    }
+    let want = log_softmax(&served_logits[0], t_fit);
+    for (l, lp) in letters.iter().zip(&want) {
+        let p = served["probabilities"][l].as_f64().unwrap();
+        assert!((p - lp.exp()).abs() < 1e-5, "{served} vs {want:?}");
+    }
     let top = served["probabilities"]
         .as_object()
         .unwrap()

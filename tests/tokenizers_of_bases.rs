@@ -74,6 +74,7 @@ fn mmlu_questions(n: usize) -> Vec<Question> {
                 temperature: None,
                 head: None,
                 wire: None,
+                bias: None,
             }
         })
         .collect()

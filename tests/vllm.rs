@@ -224,6 +224,7 @@ fn packed_prompt(st: &Value, n: usize) -> Vec<u32> {
             temperature: None,
             head: None,
             wire: None,
+            bias: None,
         })
         .collect();
     let r = render_packed(&template, &state, &qs).unwrap();

@@ -444,6 +444,7 @@ fn decision(
             temperature: d.temperature,
             head: None,
             wire: None,
+            bias: None,
         },
     };
     check_question(&question, "decisio")?;

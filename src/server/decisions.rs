@@ -171,6 +171,7 @@ fn validate(
                 temperature: q.temperature,
                 head: None,
                 wire: None,
+                bias: None,
             };
             check_question(&question, &param)?;
             Ok(question)

@@ -22,6 +22,9 @@
 //!   and the fewest held-out examples that can certify anything.
 //! - [`conformal`]: split-conformal prediction sets for multiple choice
 //!   (LAC and APS scores).
+//! - [`debias`]: letter-bias removal for a choice task (PriDe's prior
+//!   from cyclic rotations, a fitted per-letter bias) and the
+//!   cross-validated rule that keeps one or neither.
 //! - [`monitor`]: the traffic monitor of a certified task (the answer mix
 //!   against its examples', and a CUSUM on low confidences).
 //!
@@ -32,8 +35,9 @@ pub mod beta;
 pub mod calibrate;
 pub mod certify;
 pub mod conformal;
+pub mod debias;
 pub mod head;
 pub mod monitor;
 mod softmax;
 
-pub use self::softmax::{log_softmax, log_sum_exp, softmax, top_option};
+pub use self::softmax::{log_softmax, log_sum_exp, rotation, softmax, top_option};

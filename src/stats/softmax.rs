@@ -66,3 +66,11 @@ mod tests {
         assert_eq!(softmax(&[2.0, 0.0], 2.0), softmax(&[1.0, 0.0], 1.0));
     }
 }
+
+/// `order[p]`: the option at position `p` in rotation `r` of `k` of `n`
+/// options (rotation 0 is the order given; offsets `⌊r·n/k⌋`, as the
+/// reference decisio's `cyclic_order` spaces them).
+pub fn rotation(n: usize, r: usize, k: usize) -> Vec<usize> {
+    let offset = r * n / k;
+    (0..n).map(|p| (p + offset) % n).collect()
+}

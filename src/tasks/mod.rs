@@ -146,7 +146,21 @@ pub struct TaskSpec {
     /// [`certificate::hash_split`] and certified on.
     #[serde(default)]
     pub certify: Option<certificate::CertifySpec>,
+    /// Cyclic rotations of the options each example is read in
+    /// (`x_rotations`; 1 for an intent task or a yes/no question asked in
+    /// words): the letter-bias removal's data ([`crate::stats::debias`]).
+    #[serde(default = "one")]
+    pub rotations: usize,
 }
+
+fn one() -> usize {
+    1
+}
+
+/// The rotations a choice task's examples are read in unless the
+/// registration says otherwise: every rotation up to this many options,
+/// this many spread evenly beyond.
+pub const DEFAULT_ROTATIONS: usize = 4;
 
 /// What a task's prediction sets promise: the true option is in the set
 /// with probability at least `level` for questions like the examples, with

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use super::certificate::{self, CertifySpec, Method};
 use super::worker::scored_question;
-use super::{Example, Kind, Status, TaskError, TaskRecord, TaskRegistry};
+use super::{Example, Kind, Status, TaskError, TaskRecord, TaskRegistry, TaskSpec};
 
 fn invalid(param: &str, message: String) -> TaskError {
     TaskError::Invalid {
@@ -119,14 +119,19 @@ impl TaskRegistry {
             })?),
         };
         let question = scored_question(&record.spec);
+        // Read in the served order alone: what the task serves.
+        let read_spec = TaskSpec {
+            rotations: 1,
+            ..record.spec.clone()
+        };
         let mut rows = Vec::with_capacity(examples.len());
         for (i, e) in examples.iter().enumerate() {
             let row = self
-                .readout(&e.state, &question, &record.spec, i)
+                .readout(&e.state, &question, &read_spec, i)
                 .map_err(TaskError::Store)?;
             rows.push(match &head {
                 Some(h) => Arc::clone(h).logits(&row),
-                None => row,
+                None => report.served_logits(&row),
             });
         }
         let labels: Vec<usize> = examples.iter().map(|e| e.label).collect();

@@ -540,6 +540,11 @@ impl TaskRegistry {
             options: record.spec.labels.clone(),
             abstain_below: report.abstention.as_ref().and_then(|a| a.abstain_below),
             temperature: Some(report.temperature),
+            bias: report
+                .debias
+                .as_ref()
+                .and_then(|d| d.applied())
+                .map(Arc::from),
             head,
             wire: record.spec.asked_on_wire(),
         })

@@ -9,6 +9,7 @@ use super::certificate::CertificateReport;
 use super::{Abstention, Coverage, TaskSpec};
 use crate::stats::calibrate::{self, Figures, Threshold};
 use crate::stats::conformal::{self, Score};
+use crate::stats::debias::{self, Debias};
 use crate::stats::head::{self, DrawsReport, Head, HeadReport};
 use crate::stats::softmax;
 
@@ -41,6 +42,58 @@ pub struct Report {
     /// The certificate, when the task was registered with `certify`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub certificate: Option<CertificateReport>,
+    /// A choice task's letter-bias removal: what was tried on the fit
+    /// side and what is served ([`crate::stats::debias`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub debias: Option<Debias>,
+    /// A choice task's share of holdout answers at each letter, before
+    /// (the plain readout at the default temperature) and after (as
+    /// served).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub letter_rates: Option<LetterRates>,
+}
+
+/// The share of answers at each letter (position), before and after.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LetterRates {
+    /// The share of labels at each position: what the rates would be for
+    /// a readout always right.
+    pub labels: Vec<f64>,
+    pub before: Vec<f64>,
+    pub after: Vec<f64>,
+}
+
+impl LetterRates {
+    fn of(plain: &[Vec<f32>], served: &[Vec<f32>], labels: &[usize], t0: f64, t: f64) -> Self {
+        let k = plain.first().map_or(0, Vec::len);
+        let rates = |tops: Vec<usize>| {
+            let mut r = vec![0.0; k];
+            for i in &tops {
+                r[*i] += 1.0 / tops.len().max(1) as f64;
+            }
+            r
+        };
+        let tops = |rows: &[Vec<f32>], t: f64| -> Vec<usize> {
+            rows.iter()
+                .map(|l| super::certificate::served(l, t).0)
+                .collect()
+        };
+        LetterRates {
+            labels: rates(labels.to_vec()),
+            before: rates(tops(plain, t0)),
+            after: rates(tops(served, t)),
+        }
+    }
+}
+
+impl Report {
+    /// A choice task's letter logits as served: less the kept letter bias.
+    pub fn served_logits(&self, logits: &[f32]) -> Vec<f32> {
+        match self.debias.as_ref().and_then(Debias::applied) {
+            Some(bias) => debias::corrected(logits, bias),
+            None => logits.to_vec(),
+        }
+    }
 }
 
 /// A task's prediction sets: the conformal threshold fitted on the holdout
@@ -112,25 +165,35 @@ fn sets(spec: &TaskSpec, logits: &[Vec<f32>], labels: &[usize], t: f64) -> Optio
 /// [`TaskSpec::certified_split`]) when given, else the seeded split.
 pub type Split = Option<(Vec<usize>, Vec<usize>)>;
 
-/// Fits a choice task on its scored examples: the split, the temperature
-/// on the fit side, the figures and the threshold on the holdout.
+/// Fits a choice task on its scored examples (`reads[i]`: example `i`'s
+/// letter logits in each rotation, the served order first): the split,
+/// the letter bias ([`debias::choose`]) and then the temperature on the
+/// fit side, the figures and the threshold on the holdout as served.
 pub fn fit(
     spec: &TaskSpec,
-    logits: &[Vec<f32>],
+    reads: &[Vec<Vec<f32>>],
     labels: &[usize],
     default_t: f64,
     certified: Split,
 ) -> Report {
     let (fit_idx, held_idx) =
-        certified.unwrap_or_else(|| calibrate::split(logits.len(), spec.holdout, spec.seed));
-    let pick = |idx: &[usize]| -> (Vec<Vec<f32>>, Vec<usize>) {
+        certified.unwrap_or_else(|| calibrate::split(reads.len(), spec.holdout, spec.seed));
+    let k = spec.labels.len();
+    let fit_reads: Vec<Vec<Vec<f32>>> = fit_idx.iter().map(|&i| reads[i].clone()).collect();
+    let fy: Vec<usize> = fit_idx.iter().map(|&i| labels[i]).collect();
+    let letters = debias::choose(&fit_reads, &fy, k, spec.seed);
+    let bias = letters.bias.clone();
+    let pick = |idx: &[usize]| -> (Vec<Vec<f32>>, Vec<Vec<f32>>, Vec<usize>) {
         (
-            idx.iter().map(|&i| logits[i].clone()).collect(),
+            idx.iter().map(|&i| reads[i][0].clone()).collect(),
+            idx.iter()
+                .map(|&i| debias::corrected(&reads[i][0], &bias))
+                .collect(),
             idx.iter().map(|&i| labels[i]).collect(),
         )
     };
-    let (fl, fy) = pick(&fit_idx);
-    let (hl, hy) = pick(&held_idx);
+    let (_, fl, fy) = pick(&fit_idx);
+    let (plain, hl, hy) = pick(&held_idx);
     let t = calibrate::fit_temperature(&fl, &fy);
     let abstention = abstention(spec, &hl, &hy, t);
     let prediction_sets = sets(spec, &hl, &hy, t);
@@ -139,8 +202,10 @@ pub fn fit(
         fit_examples: fl.len(),
         holdout_examples: hl.len(),
         holdout_indices: held_idx,
-        before: calibrate::figures(&hl, &hy, default_t),
+        before: calibrate::figures(&plain, &hy, default_t),
         after: calibrate::figures(&hl, &hy, t),
+        letter_rates: Some(LetterRates::of(&plain, &hl, &hy, default_t, t)),
+        debias: Some(letters),
         abstention,
         seconds: 0.0,
         head: None,
@@ -206,6 +271,8 @@ pub fn fit_intent(
             draws,
             prediction_sets,
             certificate: None,
+            debias: None,
+            letter_rates: None,
         },
         fitted.head,
     ))

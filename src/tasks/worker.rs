@@ -95,10 +95,10 @@ impl TaskRegistry {
         let spec = record.spec.clone();
         let examples = self.store.load_examples(id)?;
         let (mut logits, mut sealed) = self.store.load_checkpoint(id)?;
-        // A choice task's rows are its letters' logits; an intent task's,
-        // hidden states of one width.
+        // A choice task's rows are its letters' logits in each rotation,
+        // one after another; an intent task's, hidden states of one width.
         let width = match spec.kind {
-            Kind::Choice => Some(spec.labels.len()),
+            Kind::Choice => Some(spec.labels.len() * spec.rotations),
             Kind::Intent => logits.first().map(|l| l.len()),
         };
         if logits.len() > examples.len() || logits.iter().any(|l| Some(l.len()) != width) {
@@ -165,16 +165,25 @@ impl TaskRegistry {
         let labels: Vec<usize> = examples.iter().map(|e| e.label).collect();
         let split = spec.certified_split(&examples);
         let (mut report, head) = match spec.kind {
-            Kind::Choice => (
-                fit(
-                    &spec,
-                    &logits,
-                    &labels,
-                    self.route.default_temperature,
-                    split,
-                ),
-                None,
-            ),
+            Kind::Choice => {
+                // Each row's rotations apart; the served order's first.
+                let n = spec.labels.len();
+                let reads: Vec<Vec<Vec<f32>>> = logits
+                    .iter()
+                    .map(|row| row.chunks(n).map(<[f32]>::to_vec).collect())
+                    .collect();
+                logits = reads.iter().map(|r| r[0].clone()).collect();
+                (
+                    fit(
+                        &spec,
+                        &reads,
+                        &labels,
+                        self.route.default_temperature,
+                        split,
+                    ),
+                    None,
+                )
+            }
             Kind::Intent => {
                 let (report, head) = fit_intent(&spec, &logits, &labels, split)?;
                 (report, Some(head))
@@ -188,7 +197,7 @@ impl TaskRegistry {
                 .iter()
                 .map(|&i| match &head {
                     Some(h) => h.logits(&logits[i]),
-                    None => logits[i].clone(),
+                    None => report.served_logits(&logits[i]),
                 })
                 .collect();
             let held_labels: Vec<usize> = held.iter().map(|&i| labels[i]).collect();
@@ -254,9 +263,12 @@ impl TaskRegistry {
         loop {
             let state = State::Text(state.to_string());
             let result = match spec.kind {
-                Kind::Choice => {
-                    futures::executor::block_on(self.route.readout(state, question.clone()))
-                }
+                Kind::Choice => futures::executor::block_on(self.route.readout_rotations(
+                    state,
+                    question.clone(),
+                    spec.rotations,
+                ))
+                .map(|rows| rows.concat()),
                 Kind::Intent => futures::executor::block_on(self.route.features(
                     state,
                     intent_probe(question),
@@ -290,6 +302,7 @@ pub(super) fn scored_question(spec: &TaskSpec) -> Question {
         temperature: None,
         head: None,
         wire: spec.asked_on_wire(),
+        bias: None,
     }
 }
 

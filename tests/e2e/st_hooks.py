@@ -40,6 +40,9 @@ here is listed in docs/design/openapi.md.
 9. Certifying a task again takes labelled examples of that task's
    question (its type, options and instructions, and its answer keys):
    valid draws are not generated (tests/certify.rs certifies again).
+10. `x_rotations` is at most the task's number of options, and 1 where
+   they have no letters (an intent task, a yes/no question asked in
+   words): valid draws leave it out (tests/tasks.rs reads rotations).
 """
 
 import json
@@ -73,7 +76,7 @@ def map_case(context, case):
         if _reference_form(body):
             _reference_task(body)
         _task_labels(body)
-        for key in ("x_coverage", "x_conformal_score", "x_certify", "certify"):
+        for key in ("x_coverage", "x_conformal_score", "x_certify", "certify", "x_rotations"):
             body.pop(key, None)
     elif op.method.upper() == "POST" and op.path == "/v1/chat/completions":
         if isinstance(body.get("decisio"), dict) and isinstance(body.get("messages"), list):

@@ -91,7 +91,10 @@ impl TextRoute {
         logits: &[f32],
         logprobs: &[f32],
     ) -> Result<Answer, RouteError> {
-        let logits = self.label_values(&q, logits)?;
+        let mut logits = self.label_values(&q, logits)?;
+        if let Some(bias) = &q.bias {
+            logits = stats::debias::corrected(&logits, bias);
+        }
         let logprobs = self.label_values(&q, logprobs)?;
         Ok(self.answer(q, &logits, &logprobs))
     }

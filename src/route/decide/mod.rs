@@ -89,6 +89,10 @@ pub struct Question {
     /// the instructions, and the options are lettered with letter codes
     /// (up to 255); `None` for decisio's own layout.
     pub wire: Option<WireAsk>,
+    /// A task's letter bias, subtracted from the letters' logits of a
+    /// single read before the temperature ([`crate::stats::debias`]); an
+    /// answer averaged over rotations has none to remove.
+    pub bias: Option<Arc<[f64]>>,
 }
 
 /// A decision's answer to one question.
@@ -351,11 +355,29 @@ impl TextRoute {
     /// log-sum-exp), without the prefix cache and without serving metrics
     /// (task registration scores its examples with it).
     pub async fn readout(&self, state: State, question: Question) -> Result<Vec<f32>, RouteError> {
-        let logits = self
-            .score_alone(state, question.clone(), false, None)
-            .await?
-            .logits;
-        self.label_values(&question, &logits)
+        let mut read = self.readout_rotations(state, question, 1).await?;
+        read.pop()
+            .ok_or(RouteError::Engine(crate::engine::EngineError::Stopped))
+    }
+
+    /// [`Self::readout`] of `question` in `k` cyclic rotations of its
+    /// options ([`orders::Plan`]), each its own continuation of one read
+    /// of the state: the letter logits per rotation, in position order
+    /// (rotation 0, the order given, first).
+    pub async fn readout_rotations(
+        &self,
+        state: State,
+        question: Question,
+        k: usize,
+    ) -> Result<Vec<Vec<f32>>, RouteError> {
+        let questions = [question];
+        let asked = orders::Plan::new(&questions, k)?.asked(&questions);
+        let scores = self.score_alone(state, &asked, false, None).await?;
+        asked
+            .iter()
+            .zip(scores)
+            .map(|(q, score)| self.label_values(q, &score.logits))
+            .collect()
     }
 
     /// The hidden state at the answer position of `question` on `state`
@@ -368,24 +390,24 @@ impl TextRoute {
         question: Question,
         layer: Option<usize>,
     ) -> Result<Vec<f32>, RouteError> {
-        self.score_alone(state, question, true, layer)
+        self.score_alone(state, &[question], true, layer)
             .await?
-            .hidden
+            .pop()
+            .and_then(|s| s.hidden)
             .ok_or(RouteError::Engine(crate::engine::EngineError::Model(
                 "the backend returned no hidden state".into(),
             )))
     }
 
-    /// One question on a state, scored outside the prefix cache.
+    /// Questions on one read of a state, scored outside the prefix cache.
     async fn score_alone(
         &self,
         state: State,
-        question: Question,
+        questions: &[Question],
         hidden: bool,
         hidden_layer: Option<usize>,
-    ) -> Result<QuestionScore, RouteError> {
-        let questions = [question];
-        let (prefix, tokens) = self.prepare(&state, &questions, &questions)?;
+    ) -> Result<Vec<QuestionScore>, RouteError> {
+        let (prefix, tokens) = self.prepare(&state, &questions[..1], questions)?;
         let hash = self.state_hash(&prefix);
         let receiver = self.engine().score(ScoreRequest {
             state: hash,
@@ -397,13 +419,13 @@ impl TextRoute {
             cache: false,
             packed: None,
         })?;
-        let mut result = receiver
+        let result = receiver
             .await
             .map_err(|_| RouteError::Engine(crate::engine::EngineError::Stopped))??;
-        result
-            .questions
-            .pop()
-            .ok_or(RouteError::Engine(crate::engine::EngineError::Stopped))
+        if result.questions.len() != questions.len() {
+            return Err(RouteError::Engine(crate::engine::EngineError::Stopped));
+        }
+        Ok(result.questions)
     }
 }
 
@@ -443,6 +465,7 @@ mod tests {
             temperature: None,
             head: None,
             wire: None,
+            bias: None,
         }
     }
 

@@ -18,17 +18,11 @@
 use super::{Question, MAX_QUESTIONS};
 use crate::route::wire::{WireAsk, MAX_LABELS};
 use crate::route::RouteError;
+pub use crate::stats::rotation;
 
 /// The most orders a request may ask for: one per option of the longest
 /// question.
 pub const MAX_ORDERS: usize = MAX_LABELS;
-
-/// `order[p]`: the option at position `p` in rotation `r` of `k` of `n`
-/// options.
-pub fn rotation(n: usize, r: usize, k: usize) -> Vec<usize> {
-    let offset = r * n / k;
-    (0..n).map(|p| (p + offset) % n).collect()
-}
 
 /// How a request's questions are asked: each in `orders[i]` rotations,
 /// asked one after another.
@@ -168,6 +162,7 @@ mod tests {
             temperature: None,
             head: None,
             wire,
+            bias: None,
         };
         let qs = [q(3, None), q(2, Some(WireAsk::YesNoWords)), q(8, None)];
         let plan = Plan::new(&qs, 4).unwrap();

@@ -106,6 +106,7 @@ pub async fn systemone(
                 temperature: Some(settings.temperature_of(q.kind == Kind::Choice)),
                 head: None,
                 wire: Some(a.ask.clone()),
+                bias: None,
             },
         })
         .collect();

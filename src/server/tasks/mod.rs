@@ -62,6 +62,10 @@ pub struct TaskRequest {
     pub x_conformal_score: Option<String>,
     /// Certified answers (the reference form's `certify`).
     pub x_certify: Option<CertifyIn>,
+    /// Cyclic rotations of the options each example is read in, for the
+    /// letter-bias removal (default: as many as options, at most 4).
+    #[serde(default, deserialize_with = "int::opt")]
+    pub x_rotations: Option<i64>,
     /// The name the certify block came under (`certify` in the reference
     /// form), for errors.
     #[serde(skip)]
@@ -157,6 +161,8 @@ pub struct TaskOut {
     pub x_coverage: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub x_conformal_score: Option<Score>,
+    /// Rotations of the options each example is read in.
+    pub x_rotations: usize,
     pub progress: crate::tasks::Progress,
     pub error: Option<String>,
     /// The fitted figures, once ready.
@@ -205,6 +211,7 @@ fn task_out(r: &TaskRecord) -> TaskOut {
         abstention: r.spec.abstention,
         x_coverage: r.spec.coverage.map(|c| c.level),
         x_conformal_score: r.spec.coverage.map(|c| c.score),
+        x_rotations: r.spec.rotations,
         progress: r.progress.clone(),
         error: r.error.clone(),
         result: r.report.clone(),

@@ -223,6 +223,7 @@ fn to_request(body: ReferenceTask, hidden: bool) -> Result<TaskRequest> {
         x_coverage: None,
         x_conformal_score: None,
         x_certify,
+        x_rotations: None,
         certify_name: Some("certify"),
     })
 }

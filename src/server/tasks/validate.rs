@@ -15,6 +15,7 @@ use crate::tasks::certificate::{CertifySpec, DEFAULT_ALPHA, DEFAULT_DELTA, DEFAU
 use crate::tasks::conformal::Score;
 use crate::tasks::{
     minimum_holdout, Abstention, Coverage, DrawSpec, Example, Kind, TaskSpec, WireTask,
+    DEFAULT_ROTATIONS,
 };
 
 /// Bounds of a share or probability in (0, 1] (or (0, 1) when `open`).
@@ -227,7 +228,9 @@ pub(super) fn validate(
         wire: wire.map(|(task, _)| task),
         coverage: None,
         certify,
+        rotations: 1,
     };
+    spec.rotations = rotations(req, &spec)?;
     if let Some(c) = &spec.certify {
         if spec
             .wire
@@ -276,6 +279,32 @@ pub(super) fn validate(
     };
     spec.coverage = coverage(req, held, examples.len(), holdout)?;
     Ok((spec, examples))
+}
+
+/// The rotations a choice task's examples are read in: `x_rotations`, 1
+/// to the number of options, or [`DEFAULT_ROTATIONS`] at most by default;
+/// 1 where the options have no letters to rotate (an intent task, a yes/no
+/// question asked in words).
+fn rotations(req: &TaskRequest, spec: &TaskSpec) -> Result<usize> {
+    let lettered = spec.kind == Kind::Choice && spec.asked_on_wire() != Some(WireAsk::YesNoWords);
+    let n = spec.labels.len();
+    match req.x_rotations {
+        None if lettered => Ok(n.min(DEFAULT_ROTATIONS)),
+        None => Ok(1),
+        Some(1) => Ok(1),
+        Some(k) if !lettered => Err(ApiError::invalid(
+            "x_rotations",
+            format!(
+                "this task's options have no letters to rotate (an intent task, or a yes/no \
+                 question asked in words); omit `x_rotations` or give 1, not {k}"
+            ),
+        )),
+        Some(k) if k >= 1 && k as usize <= n => Ok(k as usize),
+        Some(k) => Err(ApiError::invalid(
+            "x_rotations",
+            format!("`x_rotations` must be 1 to the task's {n} options; got {k}"),
+        )),
+    }
 }
 
 /// A registration's `certify` block (`x_certify` in decisio's form): alpha
@@ -391,6 +420,7 @@ fn choice_options(req: &TaskRequest) -> Result<Vec<String>> {
         temperature: None,
         head: None,
         wire: None,
+        bias: None,
     };
     // The same rules as a decision's question, with the registration's names.
     check_question(&probe, "task").map_err(|e| match ApiError::from(e) {
