@@ -883,6 +883,100 @@ fn systemone_matrix(base: &str, model: &str, tokenizer: &str) {
             "{base} {k}"
         );
     }
+    // A System One task on both backends (the route matrix): the team
+    // question registered with its examples in decisio's form, certified
+    // and with prediction sets, each example read in its 3 rotations; the
+    // same hash split, letter prior and figures on both; the verdict and
+    // set on an answer; the vLLM-backend server's export imported again
+    // after a delete, answering the same bits.
+    let team = &body["questions"]["team"];
+    let cases = [
+        ("I was charged twice for one order.", "billing"),
+        ("Please give me my money back.", "billing"),
+        ("My card payment failed at checkout.", "billing"),
+        ("The courier left my box at the wrong house.", "shipping"),
+        ("Where is my parcel? It is a week late.", "shipping"),
+        ("The delivery van never came.", "shipping"),
+        ("I will see you in court over this.", "legal"),
+        ("Your terms of service break the law.", "legal"),
+        ("My lawyer will write to you.", "legal"),
+    ];
+    let register = |s: &Server| {
+        let r = s.post_json(
+            "/v1/tasks",
+            &json!({
+                "name": "team", "systemone": team,
+                "examples": cases.iter().map(|(m, l)| json!({"state": {"message": m}, "label": l}))
+                    .collect::<Vec<_>>(),
+                "x_certify": {"alpha": 0.6, "delta": 0.2}, "x_coverage": 0.75
+            }),
+        );
+        assert_eq!(r.status, 202, "{base}: {}", r.text());
+        let t = task_settled(s, r.json()["id"].as_str().unwrap());
+        assert_eq!(t["status"], "ready", "{base}: {t}");
+        assert_eq!(t["x_rotations"], 3, "{base}: {t}");
+        t
+    };
+    let (ta, tb) = (register(&mlx), register(&vllm));
+    let (ra, rb) = (&ta["result"], &tb["result"]);
+    assert_eq!(ra["holdout_indices"], rb["holdout_indices"], "{base}");
+    assert_eq!(ra["debias"]["rotations"], 3, "{base}: {ra}");
+    for (p, q) in ra["debias"]["prior"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{base}: {ra}"))
+        .iter()
+        .zip(rb["debias"]["prior"].as_array().unwrap())
+    {
+        assert!(
+            (finite(p) - finite(q)).abs() < 1e-4,
+            "{base}: priors {ra} vs {rb}"
+        );
+    }
+    for (r, backend) in [(ra, "MLX"), (rb, "vLLM")] {
+        assert_eq!(r["certificate"]["stack"]["backend"], backend, "{base}: {r}");
+        assert_eq!(
+            r["prediction_sets"]["calibration_examples"],
+            r["holdout_examples"]
+        );
+    }
+    let asked = json!({"state": {"message": "My refund never arrived."},
+                       "questions": {"team": team}});
+    let answer = |s: &Server| {
+        let r = s.post_json("/v1/systemone", &asked);
+        assert_eq!(r.status, 200, "{base}: {}", r.text());
+        r.json()["answers"]["team"].clone()
+    };
+    let (x, y) = (answer(&mlx), answer(&vllm));
+    for (a, t) in [(&x, &ta), (&y, &tb)] {
+        assert_eq!(a["x_task"], "team", "{base}: {a}");
+        assert_eq!(
+            a["x_certificate"], t["result"]["certificate"]["id"],
+            "{base}: {a}"
+        );
+        assert!(a["x_certified"].is_boolean(), "{base}: {a}");
+        assert!(a["x_prediction_set"].is_array(), "{base}: {a}");
+    }
+    let export = vllm
+        .request("GET", "/v1/tasks?full=1", &[], None)
+        .unwrap()
+        .json();
+    let r = vllm
+        .request(
+            "DELETE",
+            &format!("/v1/tasks/{}", tb["id"].as_str().unwrap()),
+            &[],
+            None,
+        )
+        .unwrap();
+    assert_eq!(r.status, 200, "{base}: {}", r.text());
+    let r = vllm.post_json("/v1/tasks/import", &export);
+    assert_eq!(r.status, 200, "{base}: {}", r.text());
+    assert_eq!(
+        answer(&vllm),
+        y,
+        "{base}: imported through the vLLM backend"
+    );
+
     println!(
         "{base} on {model}: System One answered alike on both backends: team {}, shelf {}, score {:.3}",
         a["answers"]["team"]["choice"], a["answers"]["shelf"]["choice"],
