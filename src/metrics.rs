@@ -8,7 +8,7 @@
 //! `invalid`; task registration metrics are labelled by status or outcome
 //! (a fixed set), never by task; System One questions by `type` (`noul`,
 //! `choice`, `score`). Certified tasks' metrics are labelled by `task`, the
-//! task's name: at most `--max-tasks` of them, and a deleted task's series
+//! task's name: at most the 256 tasks a server holds, and a deleted task's series
 //! are removed.
 
 use prometheus::{
@@ -65,7 +65,7 @@ pub struct Metrics {
     pub task_registration_rate: Gauge,
     /// Answers of certified tasks by task and verdict (`certified`,
     /// `below_threshold`, `nothing_certified`, `serving_stack_changed`,
-    /// `traffic_changed`); tasks are bounded by `--max-tasks`.
+    /// `traffic_changed`); tasks are bounded by the limit of 256.
     pub certified_task_answers: IntCounterVec,
     /// The traffic monitor of each certified task: the answer mix's last
     /// distance from the examples', and its alert line.

@@ -976,6 +976,33 @@ fn systemone_matrix(base: &str, model: &str, tokenizer: &str) {
         y,
         "{base}: imported through the vLLM backend"
     );
+    // An abstention task on the same question (the `legal` key declared,
+    // its examples unanswerable): fitted alike on both backends, and
+    // deciding their answers.
+    let abstention = json!({
+        "id": "team-unsure", "option": {"key": "legal"},
+        "examples": cases.iter().map(|(m, l)| json!({
+            "request": {"state": {"message": m}, "questions": {"team": team}},
+            "answer": if *l == "legal" { Value::Null } else { json!(l) }
+        })).collect::<Vec<_>>()
+    });
+    let fit = |s: &Server| {
+        let r = s.post_json("/v1/abstention/tasks", &abstention);
+        assert_eq!(r.status, 200, "{base}: {}", r.text());
+        r.json()["config"].clone()
+    };
+    let (fa, fb) = (fit(&mlx), fit(&vllm));
+    assert_eq!(fa["n_unanswerable"], 3, "{base}: {fa}");
+    assert_eq!(
+        (&fa["applied"], &fa["reason"]),
+        (&fb["applied"], &fb["reason"]),
+        "{base}: {fa} vs {fb}"
+    );
+    for s in [&mlx, &vllm] {
+        let a = answer(s);
+        assert_eq!(a["x_abstention_task"], "team-unsure", "{base}: {a}");
+        assert!(a["x_abstained"].is_boolean(), "{base}: {a}");
+    }
 
     println!(
         "{base} on {model}: System One answered alike on both backends: team {}, shelf {}, score {:.3}",

@@ -230,6 +230,18 @@ fn every_request_schema_has_exactly_the_fields_the_server_reads() {
             fields_of::<ReferenceCertify>(),
         ),
         (format!("{tasks}/head"), fields_of::<TaskHeadIn>()),
+        (
+            format!("{s}/AbstentionTaskRequest"),
+            fields_of::<AbstentionRequest>(),
+        ),
+        (
+            format!("{s}/AbstentionTaskRequest/properties/option"),
+            fields_of::<OptionIn>(),
+        ),
+        (
+            format!("{s}/AbstentionTaskRequest/properties/examples/items"),
+            fields_of::<AbstentionExampleIn>(),
+        ),
     ];
     for (pointer, read) in pairs {
         let described: BTreeSet<String> = pointer

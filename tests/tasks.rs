@@ -541,6 +541,13 @@ fn bad_registrations_are_refused_naming_the_field() {
     bad(with(json!({"question": "\u{a0}"})), "question");
     bad(with(json!({"kind": "regression"})), "kind");
     bad(with(json!({"holdout": 1.0})), "holdout");
+    // Rotations: 1 to the options' number (two here).
+    bad(with(json!({"x_rotations": 3})), "x_rotations");
+    bad(with(json!({"x_rotations": 0})), "x_rotations");
+    bad(
+        with(json!({"kind": "intent", "options": null, "labels": ["yes", "no"], "x_rotations": 2})),
+        "x_rotations",
+    );
     // Prediction sets: a coverage in (0, 1), a known score, and a holdout
     // that can calibrate them (one held-out example of three here; 0.9
     // needs 9).

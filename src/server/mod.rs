@@ -13,7 +13,9 @@
 //! - `tasks`: `POST /v1/tasks`, `GET /v1/tasks` (`?full=1`: an export),
 //!   `POST /v1/tasks/import`, `GET` and `DELETE /v1/tasks/{id}`, `POST
 //!   /v1/tasks/{id}/certify`;
-//! - `systemone`: `POST /v1/systemone`, TypeSafe's System One wire, with
+//! - `systemone`: `POST /v1/systemone`, TypeSafe's System One wire, and
+//!   the abstention tasks (`/v1/abstention/tasks`: `POST`, `GET`, `POST
+//!   .../import`, `DELETE .../{id}`), with
 //!   its own request, error and answer shapes;
 //! - `service`: `GET /v1/models`, `/health`, `/metrics`, `/openapi.json`
 //!   ([`openapi`]), and the 404 and 405 answers.
@@ -69,6 +71,9 @@ pub mod types {
     pub use super::sampling::{StopSpec, StreamOptions};
     pub use super::service::{ModelCard, ModelList, ServedIdentity};
     pub use super::stream::Usage;
+    pub use super::systemone::abstention::{
+        AbstentionImport, AbstentionRequest, ExampleIn as AbstentionExampleIn, OptionIn,
+    };
     pub use super::tasks::reference::{ReferenceCertify, ReferenceExample, ReferenceTask};
     pub use super::tasks::{
         AbstentionIn, CertifyIn, CertifyRequest, TaskDeleted, TaskExampleIn, TaskHeadIn,
@@ -219,6 +224,10 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/v1/tasks/{id}/certify"),
     ("GET", "/v1/tasks/{id}"),
     ("DELETE", "/v1/tasks/{id}"),
+    ("POST", "/v1/abstention/tasks"),
+    ("GET", "/v1/abstention/tasks"),
+    ("POST", "/v1/abstention/tasks/import"),
+    ("DELETE", "/v1/abstention/tasks/{id}"),
     ("GET", "/openapi.json"),
 ];
 
@@ -271,6 +280,10 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
                 ("POST", "/v1/tasks/{id}/certify") => route.to(tasks::certify_task),
                 ("GET", "/v1/tasks/{id}") => route.to(tasks::get_task),
                 ("DELETE", "/v1/tasks/{id}") => route.to(tasks::delete_task),
+                ("POST", "/v1/abstention/tasks") => route.to(systemone::abstention::register),
+                ("GET", "/v1/abstention/tasks") => route.to(systemone::abstention::list),
+                ("POST", "/v1/abstention/tasks/import") => route.to(systemone::abstention::import),
+                ("DELETE", "/v1/abstention/tasks/{id}") => route.to(systemone::abstention::delete),
                 (_, "/openapi.json") => route.to(service::openapi),
                 other => unreachable!("no handler for {other:?}"),
             };

@@ -14,6 +14,9 @@
 //!   temperature on a calibration part), its application to a hidden state
 //!   and its draws.
 //!
+//! - [`abstain`]: abstention on a declared "can't tell" option, a
+//!   threshold on its probability kept only where leave-one-out shows it
+//!   beats the plain argmax.
 //! - [`beta`]: the regularized incomplete beta function and the Beta
 //!   quantile, in f64.
 //! - [`certify`]: certified answers, a confidence threshold with a bound
@@ -31,6 +34,7 @@
 //! Every function is deterministic: given its inputs (and a seed, where it
 //! draws), it computes the same bits on every run.
 
+pub mod abstain;
 pub mod beta;
 pub mod calibrate;
 pub mod certify;

@@ -21,6 +21,8 @@
 //! - `exchange.rs`: exporting ready tasks and importing them into a server
 //!   of the same serving stack.
 //! - `recertify.rs`: certifying a ready task again on new examples.
+//! - [`abstention`]: abstention tasks, a threshold on a declared "can't
+//!   tell" option of a System One choice question.
 //! - [`store`]: the state folder.
 //!
 //! The mathematics (the temperature fit, the figures, the intent head) is
@@ -30,6 +32,7 @@
 //! [`TaskSpec`] and maps [`TaskError`] to statuses.
 //! `docs/design/tasks.md` states every rule.
 
+pub mod abstention;
 pub mod certificate;
 mod exchange;
 mod recertify;
@@ -321,6 +324,8 @@ pub struct TaskRegistry {
     /// The digest of the prompt layout (the chat template and the wire's
     /// settings), fixed for the server's life: part of every [`certificate::Stack`].
     layout: String,
+    /// The abstention tasks, by id.
+    abstention: Mutex<BTreeMap<String, abstention::AbstentionTask>>,
     wake: Condvar,
     store: Store,
     route: Arc<TextRoute>,

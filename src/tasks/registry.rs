@@ -85,7 +85,17 @@ impl TaskRegistry {
             }
             tasks.insert(record.id.clone(), record);
         }
-        tracing::info!("state folder {}: {} task(s)", root.display(), tasks.len());
+        let abstention: BTreeMap<String, _> = store
+            .load_abstention()?
+            .into_iter()
+            .map(|t| (t.id.clone(), t))
+            .collect();
+        tracing::info!(
+            "state folder {}: {} task(s), {} abstention task(s)",
+            root.display(),
+            tasks.len(),
+            abstention.len()
+        );
         let registry = Arc::new(TaskRegistry {
             tasks: Mutex::new(tasks),
             heads: Mutex::new(heads),
@@ -94,6 +104,7 @@ impl TaskRegistry {
                 route.template.source(),
                 &format!("{:?}/{:?}", route.wire.format, route.wire.noul),
             ),
+            abstention: Mutex::new(abstention),
             wake: Condvar::new(),
             store,
             metrics: route.metrics.clone(),

@@ -1,8 +1,9 @@
 //! The state folder: one JSON file per task, its examples, a checkpoint of
-//! the letter logits (or, for an intent task, hidden states) scored so far
-//! and an intent task's head, each written atomically (a temporary file in the
-//! same folder, fsync, rename, fsync of the folder), so a crash leaves
-//! either the old file or the new one, never half of one.
+//! the letter logits (or, for an intent task, hidden states) scored so
+//! far, an intent task's head, and one file of the abstention tasks, each
+//! written atomically (a temporary file in the same folder, fsync, rename,
+//! fsync of the folder), so a crash leaves either the old file or the new
+//! one, never half of one.
 
 use std::fs::{self, File};
 use std::io::Write;
@@ -11,6 +12,7 @@ use std::path::{Path, PathBuf};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+use super::abstention::AbstentionTask;
 use super::{Example, TaskRecord, FORMAT_VERSION};
 use crate::stats::head::Head;
 
@@ -57,6 +59,15 @@ pub struct Examples {
     pub format_version: u32,
     pub id: String,
     pub examples: Vec<Example>,
+}
+
+/// The file of the abstention tasks, beside the task records.
+pub const ABSTENTION_FILE: &str = "abstention-tasks.json";
+
+#[derive(Serialize, Deserialize)]
+struct AbstentionFile {
+    format_version: u32,
+    tasks: Vec<AbstentionTask>,
 }
 
 /// The task files under `<state-dir>/tasks/`, and the lock that keeps the
@@ -228,12 +239,33 @@ impl Store {
             let name = path.file_name().unwrap_or_default().to_string_lossy();
             let side = name.contains(".scores.")
                 || name.ends_with(".examples.json")
-                || name.ends_with(".head.json");
+                || name.ends_with(".head.json")
+                || name == ABSTENTION_FILE;
             if name.ends_with(".json") && !side && !name.starts_with('.') {
                 out.push(read_json(&path)?);
             }
         }
         Ok(out)
+    }
+
+    /// The abstention tasks ([`super::abstention`]), none when never saved.
+    pub fn load_abstention(&self) -> Result<Vec<AbstentionTask>, String> {
+        let path = self.dir.join(ABSTENTION_FILE);
+        if !path.exists() {
+            return Ok(Vec::new());
+        }
+        let file: AbstentionFile = read_json(&path)?;
+        Ok(file.tasks)
+    }
+
+    pub fn save_abstention(&self, tasks: Vec<AbstentionTask>) -> Result<(), String> {
+        let file = AbstentionFile {
+            format_version: FORMAT_VERSION,
+            tasks,
+        };
+        let bytes = serde_json::to_vec_pretty(&file).map_err(|e| e.to_string())?;
+        let path = self.dir.join(ABSTENTION_FILE);
+        write_atomic(&path, &bytes).map_err(|e| format!("cannot write {}: {e}", path.display()))
     }
 
     pub fn save(&self, record: &TaskRecord) -> Result<(), String> {

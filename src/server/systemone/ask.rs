@@ -238,7 +238,6 @@ pub fn to_asked(q: &WireQuestion, noul: NoulRendering) -> Asked {
 /// rendering when one is asked as letters; keys sorted, non-ASCII kept. A
 /// registered task applies to exactly the questions of its identity.
 pub fn task_identity(q: &WireQuestion, asked: &Asked, noul: NoulRendering) -> String {
-    use sha2::{Digest, Sha256};
     let instructions = json!(q.instructions.as_ref().map(render_text).unwrap_or_default());
     let mut spec = match &q.criteria {
         Criteria::Choice(options) => json!({
@@ -266,14 +265,20 @@ pub fn task_identity(q: &WireQuestion, asked: &Asked, noul: NoulRendering) -> St
         };
         spec["rendering"] = json!(rendering);
     }
-    // `json.dumps(spec, ensure_ascii=False, sort_keys=True)`
+    canonical_digest(&spec)
+}
+
+/// The sha256 (hex) of `spec` dumped as the reference dumps a task's
+/// identity: `json.dumps(spec, ensure_ascii=False, sort_keys=True)`.
+pub fn canonical_digest(spec: &Value) -> String {
+    use sha2::{Digest, Sha256};
     let canonical = JsonOptions {
         ensure_ascii: false,
         indent: None,
         separators: None,
         sort_keys: true,
     };
-    let text = json_dumps(&minijinja::Value::from_serialize(&spec), &canonical)
+    let text = json_dumps(&minijinja::Value::from_serialize(spec), &canonical)
         .unwrap_or_else(|_| spec.to_string());
     Sha256::digest(text.as_bytes())
         .iter()

@@ -12,14 +12,16 @@
 //!
 //! The files: `request` (the wire's request, validated, every fault
 //! named), `ask` (a question as the route asks it, and its answer),
-//! `error` (errors in System One's shape); this file holds the handler and
-//! the model list.
+//! `error` (errors in System One's shape), [`abstention`] (the abstention
+//! tasks' routes and their decision on an answer); this file holds the
+//! handler and the model list.
 //!
 //! Errors on this route are in System One's shape: 422
 //! `{"detail": [{"loc", "msg", "type"}]}` for a body that does not validate,
 //! `{"detail": {"error_type", "message"}}` for everything else. Fields
 //! beyond the wire's are `x_`-prefixed.
 
+pub mod abstention;
 mod ask;
 mod error;
 mod request;
@@ -29,8 +31,8 @@ use serde::Serialize;
 use serde_json::{json, Map, Value};
 
 pub use self::ask::{
-    choice_confidence, render_text, score_confidence, state_text, task_identity, to_asked,
-    wire_answer, Asked,
+    canonical_digest, choice_confidence, render_text, score_confidence, state_text, task_identity,
+    to_asked, wire_answer, Asked,
 };
 pub use self::error::{wire_shaped, Detail, WireError};
 pub use self::request::{parse_one, parse_request, Criteria, Kind, WireQuestion, WireRequest};
@@ -69,6 +71,18 @@ pub async fn systemone(
         return Err(ApiError::ModelNotFound(request.model.unwrap_or_default()).into());
     }
     state.ready()?;
+    Ok(HttpResponse::Ok().json(respond(&state, &request).await?.body))
+}
+
+/// A request answered: the response body, and each question's answer
+/// keys and exact probabilities, in the request's order.
+pub struct Responded {
+    pub body: Value,
+    pub reads: Vec<(Vec<String>, Vec<f64>)>,
+}
+
+/// Answers a validated request as `POST /v1/systemone` does.
+pub async fn respond(state: &AppState, request: &WireRequest) -> Result<Responded, WireError> {
     let settings = state.route.wire;
     let asked: Vec<Asked> = request
         .questions
@@ -135,6 +149,7 @@ pub async fn systemone(
         .await?;
     let per_question = started.elapsed().as_secs_f64() / request.questions.len() as f64;
     let mut answers = Map::new();
+    let mut reads = Vec::with_capacity(request.questions.len());
     for (((((id, q), a), answer), task), identity) in request
         .questions
         .iter()
@@ -166,6 +181,8 @@ pub async fn systemone(
         } else if let Some(v) = state.tasks.stale_verdict(identity) {
             out.extend(v.fields(state.reference_field_names));
         }
+        abstention::apply(state, q, a, &answer.exact, &mut out);
+        reads.push((a.keys.clone(), answer.exact.clone()));
         let kind = q.kind.as_str();
         state
             .metrics
@@ -196,7 +213,7 @@ pub async fn systemone(
             "cached": decision.state.cached,
         },
     });
-    Ok(HttpResponse::Ok().json(body))
+    Ok(Responded { body, reads })
 }
 
 /// One entry of System One's model list.

@@ -1,0 +1,376 @@
+//! Abstention tasks over the System One wire, the reference decisio's
+//! `/v1/abstention/tasks` (`decisio/serve/systemone.py`,
+//! `decisio/serve/abstention.py`):
+//!
+//! - `POST /v1/abstention/tasks` `{id, option: {key}, match?, examples:
+//!   [{request, answer}]}`: each example a `/v1/systemone` request with one
+//!   choice question, answered as served; `answer` its gold key, or `null`
+//!   (or the declared key) for an example that cannot be answered. The
+//!   threshold is fitted ([`crate::stats::abstain`]) and the task stored;
+//!   answered with the task once fitted.
+//! - `GET /v1/abstention/tasks`: every task, in the form the import loads.
+//! - `POST /v1/abstention/tasks/import` `{tasks}`: loads them without
+//!   scoring again (a 409 when fitted under another model or layout).
+//! - `DELETE /v1/abstention/tasks/{id}`.
+//!
+//! A choice question of a task's option set (keys and descriptions, any
+//! order; `match: "option_keys"`: its keys alone) whose options hold the
+//! declared key answers that key when its probability is above the
+//! threshold, else the best other option, with `x_abstained` and
+//! `x_abstention_task`; its probabilities are unchanged. An appended
+//! option (the reference's `append`, served only through the imajev
+//! extension) is refused: decisio serves declared options only. Errors are
+//! in decisio's shape, as on `/v1/tasks`.
+
+use actix_web::{web, HttpRequest, HttpResponse};
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+
+use super::{canonical_digest, parse_request, render_text, respond, Asked, Criteria, WireQuestion};
+use crate::server::body::{parse, read_bytes};
+use crate::server::error::ApiError;
+use crate::server::AppState;
+use crate::stats::abstain::{self, Scored};
+use crate::tasks::abstention::{AbstainOption, AbstentionTask, Match};
+
+type Result<T> = std::result::Result<T, ApiError>;
+
+/// A choice question's option set: its keys with their descriptions, in
+/// any order.
+pub fn option_set(q: &WireQuestion) -> Option<String> {
+    let Criteria::Choice(options) = &q.criteria else {
+        return None;
+    };
+    let mut pairs: Vec<(String, String)> = options
+        .iter()
+        .map(|(k, d)| (k.clone(), d.as_ref().map(render_text).unwrap_or_default()))
+        .collect();
+    pairs.sort();
+    Some(canonical_digest(
+        &json!({"type": "choice", "criteria": pairs}),
+    ))
+}
+
+/// A choice question's set of keys, whatever their descriptions.
+pub fn option_keys(q: &WireQuestion) -> Option<String> {
+    let Criteria::Choice(options) = &q.criteria else {
+        return None;
+    };
+    let mut keys: Vec<&String> = options.iter().map(|(k, _)| k).collect();
+    keys.sort();
+    Some(canonical_digest(&json!({"type": "choice", "keys": keys})))
+}
+
+/// Applies the abstention task of a choice question, if one matches, to
+/// its answer `out` (probabilities `p`, in the order of `asked.keys`).
+pub fn apply(
+    state: &AppState,
+    q: &WireQuestion,
+    asked: &Asked,
+    p: &[f64],
+    out: &mut Map<String, Value>,
+) {
+    if !state.tasks.has_abstention() {
+        return;
+    }
+    let (Some(set), Some(keys)) = (option_set(q), option_keys(q)) else {
+        return;
+    };
+    let Some(task) = state.tasks.abstention_for(&set, &keys) else {
+        return;
+    };
+    let Some(at) = asked.keys.iter().position(|k| *k == task.option.key) else {
+        return;
+    };
+    let threshold = task.config.threshold.filter(|_| task.config.applied);
+    let (abstained, best) = abstain::decide(p, at, threshold);
+    let chosen = if abstained { at } else { best };
+    let k = p.len() as f64;
+    let confidence = ((p[chosen] - 1.0 / k) / (1.0 - 1.0 / k)).clamp(0.0, 1.0);
+    out.insert("choice".into(), json!(asked.keys[chosen]));
+    out.insert("confidence".into(), json!(confidence));
+    out.insert("x_abstained".into(), json!(abstained));
+    out.insert("x_abstention_task".into(), json!(task.id));
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OptionIn {
+    pub key: Option<String>,
+    pub append: Option<Value>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExampleIn {
+    pub request: Value,
+    pub answer: Value,
+}
+
+/// `POST /v1/abstention/tasks`'s body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AbstentionRequest {
+    pub id: String,
+    pub option: OptionIn,
+    #[serde(rename = "match")]
+    pub matches: Option<String>,
+    pub examples: Vec<ExampleIn>,
+}
+
+/// `POST /v1/abstention/tasks/import`'s body: the listing as
+/// `GET /v1/abstention/tasks` gives it (its `enabled` and `store` describe
+/// the server that wrote it, and are not loaded).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AbstentionImport {
+    pub tasks: Vec<AbstentionTask>,
+    pub enabled: Option<Value>,
+    pub store: Option<Value>,
+}
+
+/// One example, validated: its request, its question's digests and its
+/// gold key (`None`: it cannot be answered).
+struct Checked {
+    request: super::WireRequest,
+    set: String,
+    keys: String,
+    gold: Option<String>,
+}
+
+fn check(body: &AbstentionRequest, state: &AppState) -> Result<(String, Vec<Checked>)> {
+    let limits = &state.limits;
+    let id = body.id.as_str();
+    if id.is_empty()
+        || id.len() > limits.max_task_name_bytes
+        || !id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    {
+        return Err(ApiError::invalid(
+            "id",
+            format!(
+                "an abstention task's id is 1 to {} characters of A-Z, a-z, 0-9, `-`, `_` and \
+                 `.`; got `{id}`",
+                limits.max_task_name_bytes
+            ),
+        ));
+    }
+    let key =
+        match (&body.option.key, &body.option.append) {
+            (Some(k), None) => k.clone(),
+            (None, Some(_)) => return Err(ApiError::invalid(
+                "option.append",
+                "an appended abstain option is answered only through the imajev extension, which \
+                 decisio does not serve; declare one of the question's own keys with \
+                 {\"key\": <key>}",
+            )),
+            _ => return Err(ApiError::invalid(
+                "option",
+                "`option` takes exactly one of {\"key\": <declared key>} and {\"append\": <text>}",
+            )),
+        };
+    let by_keys = match body.matches.as_deref() {
+        None | Some("option_set") => false,
+        Some("option_keys") => true,
+        Some(other) => {
+            return Err(ApiError::invalid(
+                "match",
+                format!(
+                    "`match` is `option_set` or `option_keys` (`imajev_extension` needs an \
+                     appended option, not served here); got `{other}`"
+                ),
+            ))
+        }
+    };
+    let n = body.examples.len();
+    if n == 0 || n > limits.max_task_examples {
+        return Err(ApiError::invalid(
+            "examples",
+            format!(
+                "an abstention task takes 1 to {} examples; got {n}",
+                limits.max_task_examples
+            ),
+        ));
+    }
+    let mut out = Vec::with_capacity(n);
+    for (i, e) in body.examples.iter().enumerate() {
+        let field = format!("examples[{i}].request");
+        let bytes = serde_json::to_vec(&e.request).unwrap_or_default();
+        let request = parse_request(&bytes).map_err(|d| {
+            let at = d.first().map_or(String::new(), |d| {
+                let loc: Vec<String> = d.loc.iter().skip(1).map(|v| v.to_string()).collect();
+                format!(" (at {}: {})", loc.join("."), d.msg)
+            });
+            ApiError::invalid(&field, format!("not a valid /v1/systemone request{at}"))
+        })?;
+        let [(_, q)] = request.questions.as_slice() else {
+            return Err(ApiError::invalid(
+                &field,
+                format!(
+                    "an abstention example asks exactly one question; this one asks {}",
+                    request.questions.len()
+                ),
+            ));
+        };
+        let Criteria::Choice(options) = &q.criteria else {
+            return Err(ApiError::invalid(
+                &field,
+                "an abstention task's question is a `choice` with the declared key among its \
+                 options",
+            ));
+        };
+        if !options.iter().any(|(k, _)| *k == key) {
+            return Err(ApiError::invalid(
+                &field,
+                format!("the declared abstain option `{key}` is not one of the question's keys"),
+            ));
+        }
+        let gold = match &e.answer {
+            Value::Null => None,
+            Value::String(k) if *k == key => None,
+            Value::String(k) if options.iter().any(|(o, _)| o == k) => Some(k.clone()),
+            other => {
+                return Err(ApiError::invalid(
+                    &format!("examples[{i}].answer"),
+                    format!(
+                        "an answer is one of the question's keys, or null when the example \
+                         cannot be answered; got {other}"
+                    ),
+                ))
+            }
+        };
+        let (set, keys) = (option_set(q), option_keys(q));
+        out.push(Checked {
+            set: set.unwrap_or_default(),
+            keys: keys.unwrap_or_default(),
+            request,
+            gold,
+        });
+    }
+    let digests: std::collections::BTreeSet<&String> = out
+        .iter()
+        .map(|c| if by_keys { &c.keys } else { &c.set })
+        .collect();
+    if digests.len() != 1 {
+        let msg = if by_keys {
+            "the examples of an option-keys task share one set of option keys"
+        } else {
+            "the examples of an option-set task share one option set (the same keys with the \
+             same descriptions); examples that share their keys but not their texts take \
+             `match: \"option_keys\"`"
+        };
+        return Err(ApiError::invalid("examples", msg));
+    }
+    Ok((key, out))
+}
+
+/// `POST /v1/abstention/tasks`: scores the examples as served, fits the
+/// threshold and stores the task; answered with it.
+pub async fn register(
+    req: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse> {
+    let bytes = read_bytes(&req, payload, state.limits.max_task_body_bytes).await?;
+    let body: AbstentionRequest = parse(&bytes)?;
+    let (key, examples) = check(&body, &state)?;
+    state.ready()?;
+    let mut scored = Vec::with_capacity(examples.len());
+    for (i, e) in examples.iter().enumerate() {
+        let read = respond(&state, &e.request).await.map_err(|err| match err {
+            super::WireError::Api(a) => a,
+            super::WireError::Invalid(d) => ApiError::invalid(
+                &format!("examples[{i}].request"),
+                d.first().map_or("invalid".into(), |d| d.msg.clone()),
+            ),
+        })?;
+        let (keys, p) = &read.reads[0];
+        let at = keys.iter().position(|k| *k == key).unwrap_or(0);
+        let gold = e
+            .gold
+            .as_ref()
+            .and_then(|g| keys.iter().position(|k| k == g));
+        let (plain_abstains, best) = abstain::decide(p, at, None);
+        let unanswerable = gold.is_none();
+        let answer_ok = gold == Some(best);
+        scored.push(Scored {
+            p_abstain: p[at],
+            unanswerable,
+            answer_ok,
+            plain_right: if unanswerable {
+                plain_abstains
+            } else {
+                !plain_abstains && answer_ok
+            },
+            plain_false: !unanswerable && plain_abstains,
+        });
+    }
+    let config = abstain::fit(&scored);
+    let (model, layout) = state.tasks.abstention_stack();
+    let by_keys = body.matches.as_deref() == Some("option_keys");
+    let first = &examples[0];
+    let task = AbstentionTask {
+        id: body.id.clone(),
+        option: AbstainOption { key },
+        matches: if by_keys {
+            Match::OptionKeys(first.keys.clone())
+        } else {
+            Match::OptionSet(first.set.clone())
+        },
+        config,
+        model,
+        layout,
+    };
+    let tasks = state.tasks.clone();
+    let stored = task.clone();
+    web::block(move || tasks.add_abstention(stored))
+        .await
+        .map_err(|e| ApiError::Internal(e.to_string()))??;
+    Ok(HttpResponse::Ok().json(task))
+}
+
+/// `GET /v1/abstention/tasks`.
+pub async fn list(state: web::Data<AppState>) -> Result<HttpResponse> {
+    let tasks = state.tasks.abstention_tasks();
+    let applied = tasks
+        .iter()
+        .filter(|t| state.tasks.abstention_applies(t))
+        .count();
+    Ok(HttpResponse::Ok().json(json!({
+        "enabled": true,
+        "tasks": tasks,
+        "store": {"loaded": tasks.len(), "applied": applied, "other_stack": tasks.len() - applied},
+    })))
+}
+
+/// `POST /v1/abstention/tasks/import`.
+pub async fn import(
+    req: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse> {
+    let bytes = read_bytes(&req, payload, state.limits.max_task_body_bytes).await?;
+    let body: AbstentionImport = parse(&bytes)?;
+    let tasks = state.tasks.clone();
+    let loaded = web::block(move || tasks.import_abstention(body.tasks))
+        .await
+        .map_err(|e| ApiError::Internal(e.to_string()))??;
+    Ok(HttpResponse::Ok().json(json!({"loaded": loaded})))
+}
+
+/// `DELETE /v1/abstention/tasks/{id}`.
+pub async fn delete(id: web::Path<String>, state: web::Data<AppState>) -> Result<HttpResponse> {
+    let tasks = state.tasks.clone();
+    let id = id.into_inner();
+    let gone = id.clone();
+    let removed = web::block(move || tasks.remove_abstention(&gone))
+        .await
+        .map_err(|e| ApiError::Internal(e.to_string()))??;
+    if !removed {
+        return Err(ApiError::NotFound(format!(
+            "there is no abstention task `{id}`; GET /v1/abstention/tasks lists them"
+        )));
+    }
+    Ok(HttpResponse::Ok().json(json!({"removed": id})))
+}
