@@ -16,7 +16,7 @@ DENSE_MODEL := $(DECISIO_CACHE)/models/smollm2-135m-instruct-dense
 OPENBLAS := $(wildcard /usr/lib/$(shell gcc -dumpmachine 2>/dev/null)/libopenblas.so.0)
 PORT ?= 8000
 
-.PHONY: setup serve test check-targets gate reference reference-cached reference-logits cargo-test e2e lint bench bench-tasks ci-time schemathesis bench-mac bench-profile record-vllm bench-systemone
+.PHONY: setup serve test check-targets gate reference reference-cached reference-logits cargo-test e2e lint bench bench-tasks bench-letter-bias bench-trust ci-time schemathesis bench-mac bench-profile record-vllm bench-systemone
 
 setup:
 	@bash scripts/setup.sh
@@ -126,3 +126,16 @@ bench-profile: setup
 bench-tasks: setup
 	cargo build --release --bin decisio --example task_figures
 	$(PYTHON) scripts/bench/task_registration.py
+
+# Letter-bias removal at registration on the fixture (MMLU, 4 rotations
+# against 1) into runs/<date>_letter-bias (about 10 minutes).
+bench-letter-bias: setup
+	cargo build --release --bin decisio --example task_figures --example paired_bars
+	$(PYTHON) scripts/bench/letter_bias.py
+
+# Certified answers and prediction sets over repeated draws of examples
+# never used to fit, on the fixture, into runs/<date>_trust (about 15
+# minutes).
+bench-trust: setup
+	cargo build --release --bin decisio --example task_figures --example trust_draws
+	$(PYTHON) scripts/bench/trust.py

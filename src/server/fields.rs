@@ -113,6 +113,32 @@ pub fn token_ids(ids: &[i64], param: &str) -> Result<Vec<u32>, ApiError> {
         .collect()
 }
 
+/// A task's name (or an abstention task's id, `what`): 1 to the limit's
+/// characters of A-Z, a-z, 0-9, `-`, `_` and `.`, else a 400 naming
+/// `param`.
+pub fn task_name(
+    name: &str,
+    param: &str,
+    what: &str,
+    limits: &crate::settings::Limits,
+) -> Result<(), ApiError> {
+    let ok = !name.is_empty()
+        && name.len() <= limits.max_task_name_bytes
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if ok {
+        return Ok(());
+    }
+    Err(ApiError::invalid(
+        param,
+        format!(
+            "{what} is 1 to {} characters of A-Z, a-z, 0-9, `-`, `_` and `.`; got `{name}`",
+            limits.max_task_name_bytes
+        ),
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::types::{

@@ -40,6 +40,14 @@ pub enum Score {
 }
 
 impl Score {
+    /// Its name on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Score::Lac => "lac",
+            Score::Aps => "aps",
+        }
+    }
+
     /// The score of `option` under `probabilities`.
     pub fn of(self, probabilities: &[f64], option: usize) -> f64 {
         let p = probabilities[option];

@@ -46,6 +46,14 @@ pub fn top_option(probabilities: &[f32]) -> (usize, bool) {
     (first, count > 1)
 }
 
+/// `order[p]`: the option at position `p` in rotation `r` of `k` of `n`
+/// options (rotation 0 is the order given; offsets `⌊r·n/k⌋`, as the
+/// reference decisio's `cyclic_order` spaces them).
+pub fn rotation(n: usize, r: usize, k: usize) -> Vec<usize> {
+    let offset = r * n / k;
+    (0..n).map(|p| (p + offset) % n).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -65,12 +73,4 @@ mod tests {
         // The temperature divides the logits.
         assert_eq!(softmax(&[2.0, 0.0], 2.0), softmax(&[1.0, 0.0], 1.0));
     }
-}
-
-/// `order[p]`: the option at position `p` in rotation `r` of `k` of `n`
-/// options (rotation 0 is the order given; offsets `⌊r·n/k⌋`, as the
-/// reference decisio's `cyclic_order` spaces them).
-pub fn rotation(n: usize, r: usize, k: usize) -> Vec<usize> {
-    let offset = r * n / k;
-    (0..n).map(|p| (p + offset) % n).collect()
 }

@@ -16,7 +16,9 @@
 //! - *conformance*: every question the candidate's run asked again through
 //!   the served surface gave the record's float32 values bit for bit;
 //! - *bit for bit* (`--bitwise`, for two runs of one configuration on fresh
-//!   servers): every answer's float32 values identical.
+//!   servers): every answer's float32 values identical;
+//! - *trust* (coverage, the certified promise, the certified share), when
+//!   a `trust.json` is beside the candidate's record ([`super::trust`]).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -24,7 +26,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
+pub use super::outcome::{Outcome, Report};
 use super::record::{AnswerRecord, Record, SdkCheck, SDK_FILE};
+use super::trust::TrustRecord;
 use crate::rng::SplitMix;
 use crate::stats;
 
@@ -77,6 +81,10 @@ pub struct Gates {
     /// question (two engines on one model's weights: the candidate may
     /// differ in the last digits, never in an answer).
     pub same_answers: bool,
+    /// The gates on a trust record beside the candidate's run record
+    /// ([`super::trust`]): coverage, the certified promise, and the
+    /// certified share against the reference's.
+    pub trust: super::trust::TrustGate,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -117,6 +125,7 @@ impl Default for Gates {
             openai_sdk: true,
             bitwise: false,
             same_answers: false,
+            trust: super::trust::TrustGate::default(),
         }
     }
 }
@@ -130,64 +139,6 @@ impl Gates {
             let field = e.path().to_string();
             anyhow::anyhow!("{}: field `{field}`: {}", path.display(), e.into_inner())
         })
-    }
-}
-
-/// One gate's outcome.
-#[derive(Clone, Debug, Serialize)]
-pub struct Outcome {
-    pub gate: String,
-    pub candidate: String,
-    pub reference: String,
-    pub difference: String,
-    pub tolerance: String,
-    pub pass: bool,
-}
-
-/// What `decisio gate` found.
-#[derive(Clone, Debug, Serialize)]
-pub struct Report {
-    /// Why the records were compared despite differing (`--force`).
-    pub forced: Vec<String>,
-    pub outcomes: Vec<Outcome>,
-}
-
-impl Report {
-    pub fn passed(&self) -> bool {
-        self.outcomes.iter().all(|o| o.pass)
-    }
-
-    /// The lines `decisio gate` prints.
-    pub fn lines(&self) -> Vec<String> {
-        let mut out: Vec<String> = self
-            .forced
-            .iter()
-            .map(|f| format!("compared anyway (--force): {f}"))
-            .collect();
-        let w = self
-            .outcomes
-            .iter()
-            .map(|o| o.gate.len())
-            .max()
-            .unwrap_or(4);
-        for o in &self.outcomes {
-            out.push(format!(
-                "{:<4}  {:<w$}  candidate {:>8}  reference {:>8}  difference {}  tolerance {}",
-                if o.pass { "pass" } else { "FAIL" },
-                o.gate,
-                o.candidate,
-                o.reference,
-                o.difference,
-                o.tolerance
-            ));
-        }
-        let failed = self.outcomes.iter().filter(|o| !o.pass).count();
-        out.push(format!(
-            "{} gates, {} passed, {failed} failed",
-            self.outcomes.len(),
-            self.outcomes.len() - failed
-        ));
-        out
     }
 }
 
@@ -560,7 +511,15 @@ pub fn run(args: &GateArgs) -> Result<bool> {
         None => Gates::default(),
     };
     gates.bitwise |= args.bitwise;
-    let report = compare(&c, sdk.as_ref(), &r, &gates, args.force)?;
+    let mut report = compare(&c, sdk.as_ref(), &r, &gates, args.force)?;
+    if let Some(trust) = TrustRecord::beside(&args.record)? {
+        let reference = TrustRecord::beside(&args.against)?;
+        report.outcomes.extend(super::trust::outcomes(
+            &trust,
+            reference.as_ref(),
+            &gates.trust,
+        ));
+    }
     for line in report.lines() {
         println!("{line}");
     }

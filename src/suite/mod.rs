@@ -14,9 +14,11 @@
 
 pub mod data;
 pub mod gate;
+pub mod outcome;
 pub mod plot;
 pub mod record;
 pub mod run;
+pub mod trust;
 
 use std::path::{Path, PathBuf};
 

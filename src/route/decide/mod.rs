@@ -361,7 +361,7 @@ impl TextRoute {
     }
 
     /// [`Self::readout`] of `question` in `k` cyclic rotations of its
-    /// options ([`orders::Plan`]), each its own continuation of one read
+    /// options (`orders.rs`), each its own continuation of one read
     /// of the state: the letter logits per rotation, in position order
     /// (rotation 0, the order given, first).
     pub async fn readout_rotations(

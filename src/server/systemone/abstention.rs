@@ -29,6 +29,7 @@ use serde_json::{json, Map, Value};
 use super::{canonical_digest, parse_request, render_text, respond, Asked, Criteria, WireQuestion};
 use crate::server::body::{parse, read_bytes};
 use crate::server::error::ApiError;
+use crate::server::fields::task_name;
 use crate::server::AppState;
 use crate::stats::abstain::{self, Scored};
 use crate::tasks::abstention::{AbstainOption, AbstentionTask, Match};
@@ -140,22 +141,7 @@ struct Checked {
 
 fn check(body: &AbstentionRequest, state: &AppState) -> Result<(String, Vec<Checked>)> {
     let limits = &state.limits;
-    let id = body.id.as_str();
-    if id.is_empty()
-        || id.len() > limits.max_task_name_bytes
-        || !id
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-    {
-        return Err(ApiError::invalid(
-            "id",
-            format!(
-                "an abstention task's id is 1 to {} characters of A-Z, a-z, 0-9, `-`, `_` and \
-                 `.`; got `{id}`",
-                limits.max_task_name_bytes
-            ),
-        ));
-    }
+    task_name(&body.id, "id", "an abstention task's id", limits)?;
     let key =
         match (&body.option.key, &body.option.append) {
             (Some(k), None) => k.clone(),

@@ -6,6 +6,7 @@ use crate::route::decide::{check_question, is_blank};
 use crate::route::wire::{NoulRendering, WireAsk};
 use crate::route::Question;
 use crate::server::error::ApiError;
+use crate::server::fields::task_name;
 use crate::server::systemone::{
     parse_one, state_text, task_identity, to_asked, Asked, Kind as WireKind,
 };
@@ -47,20 +48,7 @@ pub(super) fn validate(
     // Taken as sent (untrimmed), as decisions name it and as the
     // description's pattern has it.
     let name = req.name.as_str();
-    if name.is_empty()
-        || name.len() > limits.max_task_name_bytes
-        || !name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-    {
-        return Err(ApiError::invalid(
-            "name",
-            format!(
-                "a task name is 1 to {} characters of A-Z, a-z, 0-9, `-`, `_` and `.`; got `{}`",
-                limits.max_task_name_bytes, req.name
-            ),
-        ));
-    }
+    task_name(name, "name", "a task name", limits)?;
     let kind = match req.kind.as_deref() {
         None | Some("choice") => Kind::Choice,
         Some("intent") => Kind::Intent,
