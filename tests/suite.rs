@@ -403,3 +403,68 @@ fn the_committed_records_gate_as_they_should() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_trust_record_beside_a_record_is_gated() {
+    // The fixture's trust record (`make bench-trust`) beside copies of the
+    // fixture's run record: its gates pass against itself; a candidate
+    // whose prediction sets cover 0.1 less and which certifies half as
+    // many answers fails them, naming the gates.
+    let trust: Value = serde_json::from_str(
+        &std::fs::read_to_string(repo("runs/2026-12-04_trust/trust.json")).unwrap(),
+    )
+    .unwrap();
+    let dir = common::fresh_dir("trust-gate");
+    let place = |name: &str, trust: &Value| {
+        let d = dir.join(name);
+        std::fs::create_dir_all(&d).unwrap();
+        for f in ["record.json", "sdk-conformance.json"] {
+            std::fs::copy(repo(&format!("{RECORDS}/fixture-q4/{f}")), d.join(f)).unwrap();
+        }
+        std::fs::write(d.join("trust.json"), trust.to_string()).unwrap();
+        d
+    };
+    let r = place("reference", &trust);
+    let gate = |c: &std::path::Path| {
+        let o = decisio(&[
+            "gate",
+            "--record",
+            c.to_str().unwrap(),
+            "--against",
+            r.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+        let (stdout, stderr) = text(&o);
+        (o.status.code(), stdout, stderr)
+    };
+    let (code, stdout, stderr) = gate(&place("same", &trust));
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    for task in ["subjects", "answer"] {
+        for line in [
+            format!("pass  coverage {task} (lac)"),
+            format!("pass  coverage {task} (aps)"),
+            format!("pass  certified promise {task}"),
+            format!("pass  certified share {task}"),
+        ] {
+            assert!(stdout.contains(&line), "{line}: {stdout}");
+        }
+    }
+    let mut worse = trust.clone();
+    for t in worse["tasks"].as_array_mut().unwrap() {
+        for c in t["coverage"].as_array_mut().unwrap() {
+            if c["score"] == "lac" {
+                c["coverage_mean"] = (c["coverage_mean"].as_f64().unwrap() - 0.1).into();
+            }
+        }
+        for c in t["certified"].as_array_mut().unwrap() {
+            c["certified_share_mean"] = (c["certified_share_mean"].as_f64().unwrap() / 2.0).into();
+        }
+    }
+    let (code, stdout, _) = gate(&place("worse", &worse));
+    assert_eq!(code, Some(1), "{stdout}");
+    assert!(stdout.contains("FAIL  coverage subjects (lac)"), "{stdout}");
+    assert!(stdout.contains("pass  coverage subjects (aps)"), "{stdout}");
+    assert!(stdout.contains("FAIL  certified share subjects"), "{stdout}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
