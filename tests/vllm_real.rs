@@ -5,8 +5,11 @@
 //! the letters read by `logprob_token_ids`, the prefix cache's blocks (32
 //! and the CPU default 128) in `state.cached` and the cached-token counts,
 //! images refused by a text-only model, errors as OpenAI errors, and the
-//! model found from `/v1/models` alone; and parity with the MLX backend on
-//! the same prompts (two engines and two kernels: close, not bit for bit).
+//! model found from `/v1/models` alone; parity with the MLX backend on
+//! the same prompts (two engines and two kernels: close, not bit for bit);
+//! and tasks registered through it: a certified System One task with
+//! prediction sets and its letter rotations, exported and imported again,
+//! and an abstention task.
 //!
 //! The tests of this binary run one at a time ([`one_at_a_time`]): a real
 //! vLLM takes about 5 GB and both cores while it starts.
@@ -372,4 +375,103 @@ fn a_replica_killed_mid_run_loses_no_request_and_is_admitted_again() {
         2 * per_client,
         failed.len()
     );
+}
+
+#[test]
+fn a_certified_task_with_sets_and_an_abstention_task_register_through_a_real_vllm() {
+    // A System One task (certified, with prediction sets, read in its 3
+    // rotations) and an abstention task, registered through a real vLLM
+    // and through the MLX backend: the same split, letter prior and fit
+    // within two engines' differences; the real vLLM's export imported
+    // again answers alike.
+    let _one = one_at_a_time();
+    let v = vllm::shared(32);
+    let gw = gateway(v, &["--pad-policy", "none"]);
+    let mlx = Server::start(&[]);
+    let day = json!({"type": "choice", "instructions": "Which day did it arrive?",
+                     "criteria": {"Monday": null, "Friday": null, "Sunday": "no delivery day named"}});
+    let cases = [
+        ("The parcel arrived on Monday morning.", "Monday"),
+        ("It came Monday, as promised.", "Monday"),
+        ("Delivered on a Monday.", "Monday"),
+        ("Monday was the day it reached me.", "Monday"),
+        ("The parcel arrived on Friday evening.", "Friday"),
+        ("It came Friday, a day late.", "Friday"),
+        ("Delivered on a Friday.", "Friday"),
+        ("Friday was the day it reached me.", "Friday"),
+        ("I never got a delivery note.", "Sunday"),
+        ("The courier was rude to me.", "Sunday"),
+        ("My invoice has the wrong address.", "Sunday"),
+        ("Please call me back.", "Sunday"),
+    ];
+    let register = |s: &Server| {
+        let t = ok(s.post_json(
+            "/v1/tasks",
+            &json!({
+                "name": "day", "systemone": day,
+                "examples": cases.iter().map(|(m, l)| json!({"state": m, "label": l})).collect::<Vec<_>>(),
+                "x_certify": {"alpha": 0.6, "delta": 0.2}, "x_coverage": 0.75
+            }),
+        ));
+        let id = t["id"].as_str().unwrap().to_string();
+        let started = std::time::Instant::now();
+        loop {
+            let t = ok(s.request("GET", &format!("/v1/tasks/{id}"), &[], None).unwrap());
+            if t["status"] != "queued" && t["status"] != "running" {
+                assert_eq!(t["status"], "ready", "{t}");
+                return t;
+            }
+            assert!(started.elapsed() < Duration::from_secs(300), "{t}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    let (a, b) = (register(&mlx), register(&gw));
+    let (ra, rb) = (&a["result"], &b["result"]);
+    assert_eq!(ra["holdout_indices"], rb["holdout_indices"]);
+    assert_eq!(rb["debias"]["rotations"], 3, "{rb}");
+    for (p, q) in ra["debias"]["prior"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(rb["debias"]["prior"].as_array().unwrap())
+    {
+        let (p, q) = (p.as_f64().unwrap(), q.as_f64().unwrap());
+        assert!((p - q).abs() < 1e-2, "priors {ra} vs {rb}");
+    }
+    assert_eq!(rb["certificate"]["stack"]["backend"], "vLLM", "{rb}");
+    assert_eq!(rb["certificate"]["n"], ra["certificate"]["n"]);
+    let asked = json!({"state": "It came on Friday.", "questions": {"day": day}});
+    let answer = |s: &Server| ok(s.post_json("/v1/systemone", &asked))["answers"]["day"].clone();
+    let y = answer(&gw);
+    assert_eq!(y["x_task"], "day", "{y}");
+    assert_eq!(y["x_certificate"], rb["certificate"]["id"], "{y}");
+    assert!(y["x_prediction_set"].is_array(), "{y}");
+    let export = ok(gw.request("GET", "/v1/tasks?full=1", &[], None).unwrap());
+    let id = b["id"].as_str().unwrap();
+    ok(gw.request("DELETE", &format!("/v1/tasks/{id}"), &[], None).unwrap());
+    ok(gw.post_json("/v1/tasks/import", &export));
+    let again = answer(&gw);
+    assert_eq!(again["choice"], y["choice"], "{again} vs {y}");
+    let d = kl(
+        again["probabilities"].as_object().unwrap(),
+        y["probabilities"].as_object().unwrap(),
+    );
+    assert!(d <= 1e-6, "imported: KL {d}");
+    // The abstention task: `Sunday` declared, its examples unanswerable.
+    let abstention = json!({
+        "id": "day-unsure", "option": {"key": "Sunday"},
+        "examples": cases.iter().map(|(m, l)| json!({
+            "request": {"state": m, "questions": {"day": day}},
+            "answer": if *l == "Sunday" { Value::Null } else { json!(l) }
+        })).collect::<Vec<_>>()
+    });
+    let (fa, fb) = (
+        ok(mlx.post_json("/v1/abstention/tasks", &abstention)),
+        ok(gw.post_json("/v1/abstention/tasks", &abstention)),
+    );
+    assert_eq!(fb["config"]["n_unanswerable"], 4, "{fb}");
+    assert_eq!(fa["config"]["applied"], fb["config"]["applied"], "{fa} vs {fb}");
+    let z = answer(&gw);
+    assert_eq!(z["x_abstention_task"], "day-unsure", "{z}");
+    assert!(z["x_abstained"].is_boolean(), "{z}");
 }
