@@ -405,18 +405,22 @@ fn a_certified_task_with_sets_and_an_abstention_task_register_through_a_real_vll
         ("Please call me back.", "Sunday"),
     ];
     let register = |s: &Server| {
-        let t = ok(s.post_json(
+        let r = s.post_json(
             "/v1/tasks",
             &json!({
                 "name": "day", "systemone": day,
                 "examples": cases.iter().map(|(m, l)| json!({"state": m, "label": l})).collect::<Vec<_>>(),
                 "x_certify": {"alpha": 0.6, "delta": 0.2}, "x_coverage": 0.75
             }),
-        ));
+        );
+        assert_eq!(r.status, 202, "{}", r.text());
+        let t = r.json();
         let id = t["id"].as_str().unwrap().to_string();
         let started = std::time::Instant::now();
         loop {
-            let t = ok(s.request("GET", &format!("/v1/tasks/{id}"), &[], None).unwrap());
+            let t = ok(s
+                .request("GET", &format!("/v1/tasks/{id}"), &[], None)
+                .unwrap());
             if t["status"] != "queued" && t["status"] != "running" {
                 assert_eq!(t["status"], "ready", "{t}");
                 return t;
@@ -448,7 +452,9 @@ fn a_certified_task_with_sets_and_an_abstention_task_register_through_a_real_vll
     assert!(y["x_prediction_set"].is_array(), "{y}");
     let export = ok(gw.request("GET", "/v1/tasks?full=1", &[], None).unwrap());
     let id = b["id"].as_str().unwrap();
-    ok(gw.request("DELETE", &format!("/v1/tasks/{id}"), &[], None).unwrap());
+    ok(gw
+        .request("DELETE", &format!("/v1/tasks/{id}"), &[], None)
+        .unwrap());
     ok(gw.post_json("/v1/tasks/import", &export));
     let again = answer(&gw);
     assert_eq!(again["choice"], y["choice"], "{again} vs {y}");
@@ -470,7 +476,10 @@ fn a_certified_task_with_sets_and_an_abstention_task_register_through_a_real_vll
         ok(gw.post_json("/v1/abstention/tasks", &abstention)),
     );
     assert_eq!(fb["config"]["n_unanswerable"], 4, "{fb}");
-    assert_eq!(fa["config"]["applied"], fb["config"]["applied"], "{fa} vs {fb}");
+    assert_eq!(
+        fa["config"]["applied"], fb["config"]["applied"],
+        "{fa} vs {fb}"
+    );
     let z = answer(&gw);
     assert_eq!(z["x_abstention_task"], "day-unsure", "{z}");
     assert!(z["x_abstained"].is_boolean(), "{z}");
