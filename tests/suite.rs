@@ -465,6 +465,9 @@ fn a_trust_record_beside_a_record_is_gated() {
     assert_eq!(code, Some(1), "{stdout}");
     assert!(stdout.contains("FAIL  coverage subjects (lac)"), "{stdout}");
     assert!(stdout.contains("pass  coverage subjects (aps)"), "{stdout}");
-    assert!(stdout.contains("FAIL  certified share subjects"), "{stdout}");
+    assert!(
+        stdout.contains("FAIL  certified share subjects"),
+        "{stdout}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

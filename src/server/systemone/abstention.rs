@@ -126,8 +126,8 @@ pub struct AbstentionRequest {
 #[serde(deny_unknown_fields)]
 pub struct AbstentionImport {
     pub tasks: Vec<AbstentionTask>,
-    pub enabled: Option<Value>,
-    pub store: Option<Value>,
+    pub enabled: Option<bool>,
+    pub store: Option<Map<String, Value>>,
 }
 
 /// One example, validated: its request, its question's digests and its
