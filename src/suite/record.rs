@@ -170,22 +170,32 @@ impl SdkCheck {
     /// The SDK's file beside a record (a record folder or its
     /// record.json), when there is one.
     pub fn beside(record: &std::path::Path) -> anyhow::Result<Option<SdkCheck>> {
-        use anyhow::Context;
-        let dir = if record.is_dir() {
-            record
-        } else {
-            record.parent().unwrap_or(std::path::Path::new("."))
-        };
-        let file = dir.join(SDK_FILE);
-        if !file.exists() {
-            return Ok(None);
-        }
-        let text = std::fs::read_to_string(&file)
-            .with_context(|| format!("cannot read {}", file.display()))?;
-        serde_json::from_str(&text)
-            .map(Some)
-            .with_context(|| format!("{} is not an SDK conformance file", file.display()))
+        read_beside(record, SDK_FILE, "an SDK conformance file")
     }
+}
+
+/// The JSON file `name` beside a record (in a record folder, or beside
+/// its record.json), when there is one; `what` names it in errors.
+pub fn read_beside<T: serde::de::DeserializeOwned>(
+    record: &std::path::Path,
+    name: &str,
+    what: &str,
+) -> anyhow::Result<Option<T>> {
+    use anyhow::Context;
+    let dir = if record.is_dir() {
+        record
+    } else {
+        record.parent().unwrap_or(std::path::Path::new("."))
+    };
+    let file = dir.join(name);
+    if !file.exists() {
+        return Ok(None);
+    }
+    let text = std::fs::read_to_string(&file)
+        .with_context(|| format!("cannot read {}", file.display()))?;
+    serde_json::from_str(&text)
+        .map(Some)
+        .with_context(|| format!("{} is not {what}", file.display()))
 }
 
 /// The surfaces' names in a record's conformance, as people read them.

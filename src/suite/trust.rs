@@ -23,7 +23,7 @@
 
 use std::path::Path;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use serde::{Deserialize, Serialize};
 
 use super::outcome::Outcome;
@@ -218,20 +218,7 @@ impl TrustRecord {
     /// The trust record beside a run record (its folder, or the folder of
     /// its record.json); `None` when there is none.
     pub fn beside(record: &Path) -> Result<Option<TrustRecord>> {
-        let dir = if record.is_dir() {
-            record
-        } else {
-            record.parent().unwrap_or(Path::new("."))
-        };
-        let file = dir.join(TRUST_FILE);
-        if !file.exists() {
-            return Ok(None);
-        }
-        let text = std::fs::read_to_string(&file)
-            .with_context(|| format!("cannot read {}", file.display()))?;
-        serde_json::from_str(&text)
-            .map(Some)
-            .with_context(|| format!("{} is not a trust record", file.display()))
+        super::record::read_beside(record, TRUST_FILE, "a trust record")
     }
 }
 

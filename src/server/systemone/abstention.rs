@@ -264,13 +264,15 @@ pub async fn register(
     state.ready()?;
     let mut scored = Vec::with_capacity(examples.len());
     for (i, e) in examples.iter().enumerate() {
-        let read = respond(&state, &e.request).await.map_err(|err| match err {
-            super::WireError::Api(a) => a,
-            super::WireError::Invalid(d) => ApiError::invalid(
-                &format!("examples[{i}].request"),
-                d.first().map_or("invalid".into(), |d| d.msg.clone()),
-            ),
-        })?;
+        let read = respond(&state, &e.request, true)
+            .await
+            .map_err(|err| match err {
+                super::WireError::Api(a) => a,
+                super::WireError::Invalid(d) => ApiError::invalid(
+                    &format!("examples[{i}].request"),
+                    d.first().map_or("invalid".into(), |d| d.msg.clone()),
+                ),
+            })?;
         let (keys, p) = &read.reads[0];
         let at = keys.iter().position(|k| *k == key).unwrap_or(0);
         let gold = e

@@ -71,18 +71,25 @@ pub async fn systemone(
         return Err(ApiError::ModelNotFound(request.model.unwrap_or_default()).into());
     }
     state.ready()?;
-    Ok(HttpResponse::Ok().json(respond(&state, &request).await?.body))
+    Ok(HttpResponse::Ok().json(respond(&state, &request, false).await?.body))
 }
 
-/// A request answered: the response body, and each question's answer
-/// keys and exact probabilities, in the request's order.
+/// A request answered: the response body, and (when asked for) each
+/// question's answer keys and exact probabilities, in the request's order.
 pub struct Responded {
     pub body: Value,
     pub reads: Vec<(Vec<String>, Vec<f64>)>,
 }
 
-/// Answers a validated request as `POST /v1/systemone` does.
-pub async fn respond(state: &AppState, request: &WireRequest) -> Result<Responded, WireError> {
+/// Answers a validated request as `POST /v1/systemone` does; `reads`
+/// keeps each question's keys and probabilities (an abstention task's
+/// registration reads them; serving does not copy them).
+pub async fn respond(
+    state: &AppState,
+    request: &WireRequest,
+    reads: bool,
+) -> Result<Responded, WireError> {
+    let keep_reads = reads;
     let settings = state.route.wire;
     let asked: Vec<Asked> = request
         .questions
@@ -149,7 +156,7 @@ pub async fn respond(state: &AppState, request: &WireRequest) -> Result<Responde
         .await?;
     let per_question = started.elapsed().as_secs_f64() / request.questions.len() as f64;
     let mut answers = Map::new();
-    let mut reads = Vec::with_capacity(request.questions.len());
+    let mut reads = Vec::new();
     for (((((id, q), a), answer), task), identity) in request
         .questions
         .iter()
@@ -182,7 +189,9 @@ pub async fn respond(state: &AppState, request: &WireRequest) -> Result<Responde
             out.extend(v.fields(state.reference_field_names));
         }
         abstention::apply(state, q, a, &answer.exact, &mut out);
-        reads.push((a.keys.clone(), answer.exact.clone()));
+        if keep_reads {
+            reads.push((a.keys.clone(), answer.exact.clone()));
+        }
         let kind = q.kind.as_str();
         state
             .metrics
