@@ -64,6 +64,13 @@ fn reference_examples(per: usize) -> Vec<Value> {
         .collect()
 }
 
+/// `examples` with the fourth asking another question.
+fn mixed_question(examples: &[Value]) -> Vec<Value> {
+    let mut mixed = examples.to_vec();
+    mixed[3]["request"]["questions"]["q"]["instructions"] = json!("Another question?");
+    mixed
+}
+
 /// The answer to one example's request.
 fn ask(s: &Server, request: &Value) -> Value {
     let r = s.post_json("/v1/systemone", request);
@@ -108,8 +115,8 @@ fn a_reference_client_registers_a_certified_task_and_reads_its_verdicts() {
     let s = Server::start(&["--state-dir", state_dir]);
 
     // Refused, naming the field: too few held-out examples for the
-    // promise (38 of 75 at alpha 0.05, delta 0.1 need 59), a separate
-    // certification list, examples of two questions.
+    // promise (38 of 75 at alpha 0.05, delta 0.1 need 59), examples of two
+    // questions.
     let every_other: Vec<&Value> = examples.iter().step_by(2).collect();
     let r = s.post_json(
         "/v1/tasks",
@@ -118,18 +125,39 @@ fn a_reference_client_registers_a_certified_task_and_reads_its_verdicts() {
     assert_eq!(r.status, 400, "{}", r.text());
     assert_eq!(r.json()["error"]["param"], "certify", "{}", r.text());
     assert!(r.text().contains("at least 59"), "{}", r.text());
-    let r = s.post_json(
-        "/v1/tasks",
-        &json!({"id": "x", "examples": examples[..10], "certify": {"examples": examples[10..20]}}),
-    );
-    assert_eq!(
-        r.json()["error"]["param"],
-        "certify.examples",
-        "{}",
-        r.text()
-    );
-    let mut mixed = examples[..10].to_vec();
-    mixed[3]["request"]["questions"]["q"]["instructions"] = json!("Another question?");
+    // A separate certification list: refused when 5 of its 15 examples
+    // are fit examples, beside a held-out share, and asking another
+    // question.
+    for (certify, says) in [
+        (
+            json!({"examples": examples[5..20]}),
+            "5 of the 15 certification examples",
+        ),
+        (
+            json!({"examples": examples[10..20], "holdout": 0.3}),
+            "not both",
+        ),
+        (
+            json!({"examples": mixed_question(&examples[10..20])}),
+            "share one question",
+        ),
+    ] {
+        let r = s.post_json(
+            "/v1/tasks",
+            &json!({"id": "x", "examples": examples[..10], "certify": certify}),
+        );
+        assert_eq!(r.status, 400, "{}", r.text());
+        assert!(
+            r.json()["error"]["param"]
+                .as_str()
+                .unwrap()
+                .starts_with("certify.examples"),
+            "{}",
+            r.text()
+        );
+        assert!(r.text().contains(says), "{}", r.text());
+    }
+    let mixed = mixed_question(&examples[..10]);
     let r = s.post_json("/v1/tasks", &json!({"id": "x", "examples": mixed}));
     assert_eq!(r.status, 400, "{}", r.text());
     assert!(r.text().contains("share one question"), "{}", r.text());
@@ -154,7 +182,10 @@ fn a_reference_client_registers_a_certified_task_and_reads_its_verdicts() {
     assert_eq!(t["type"], "choice");
     assert_eq!(t["x_task"]["kind"], "intent", "{t}");
     assert_eq!(t["options"].as_array().unwrap().len(), 10);
-    assert_eq!(t["n_examples"], 150);
+    assert_eq!(
+        t["n_examples"], 75,
+        "the examples fitted on, as the reference counts"
+    );
     assert_eq!(t["status"]["state"], "ok", "{t}");
     let cert = &t["certificate"];
     let held: Vec<usize> = t["x_task"]["result"]["holdout_indices"]
@@ -342,20 +373,60 @@ fn a_reference_client_registers_a_certified_task_and_reads_its_verdicts() {
     drop(other);
 
     // Registering the same id again replaces the task (fewer than five
-    // examples of each key: a choice task).
+    // examples of each key: a choice task), here certified on a separate
+    // list (the 30 new examples): the fit sees every example, the list is
+    // the held-out side, and the certificate is what its answers read
+    // back give.
     let some: Vec<&Value> = examples.iter().step_by(7).collect();
     let r = s.post_json_waiting(
         "/v1/tasks",
-        &json!({"id": "mmlu-cert", "examples": some}),
+        &json!({"id": "mmlu-cert", "examples": some,
+                "certify": {"alpha": ALPHA, "delta": DELTA, "examples": new}}),
         WAIT,
     );
     assert_eq!(r.status, 200, "{}", r.text());
-    assert!(r.json().get("certificate").is_none(), "{}", r.text());
-    assert_eq!(r.json()["x_task"]["kind"], "choice", "{}", r.text());
+    let t = r.json();
+    assert_eq!(t["x_task"]["kind"], "choice", "{t}");
+    assert_eq!(t["n_examples"], some.len(), "{t}");
+    let cert = &t["certificate"];
+    let split = &cert["split"];
+    assert_eq!(split["method"], "supplied", "{cert}");
+    assert_eq!(split["holdout"], Value::Null, "{cert}");
+    assert_eq!(split["fit_examples"], some.len(), "{cert}");
+    assert_eq!(
+        (&split["certify_examples"], &cert["n"]),
+        (&json!(30), &json!(30))
+    );
+    let (mut conf, mut correct) = (vec![], vec![]);
+    for e in &new {
+        let a = ask(&s, &e["request"]);
+        assert_eq!(a["x_certificate"], cert["id"], "{a}");
+        let (p, key) = top(&a);
+        conf.push(p);
+        correct.push(key == e["answer"].as_str().unwrap());
+    }
+    let want = certify::certify(&conf, &correct, ALPHA, DELTA);
+    assert_eq!(cert["certified_n"], want.served, "{cert}");
+    assert_eq!(
+        cert["threshold"].as_f64(),
+        want.threshold.is_finite().then_some(want.threshold),
+        "{cert}"
+    );
+    eprintln!(
+        "certified on a separate list: {} of 30 at {:?} (accuracy {})",
+        want.served, cert["threshold"], cert["accuracy"]
+    );
     let listed = s.request("GET", "/v1/tasks", &[], None).unwrap().json();
     assert_eq!(listed["data"].as_array().unwrap().len(), 1, "{listed}");
-    let a = ask(&s, &examples[certified_one]["request"]);
-    assert!(a.get("x_certified").is_none(), "{a}");
+    // Certified again, the list is not the fit's: its examples are taken.
+    let r = s.post_json_waiting(
+        "/v1/tasks/mmlu-cert/certify",
+        &json!({"examples": new, "alpha": 0.3}),
+        WAIT,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let split = &r.json()["certificate"]["split"];
+    assert!(split["rule"].as_str().unwrap().contains("again"), "{split}");
 }
 
 #[test]
@@ -377,6 +448,28 @@ fn decisios_own_form_certifies_a_task_asked_by_name() {
         "name": "own", "question": QUESTION, "options": ["A", "B", "C", "D"],
         "examples": examples, "x_certify": {"alpha": 0.6, "delta": 0.2, "min_examples": 10}
     });
+    // A separate certification list in decisio's form: refused when it
+    // repeats fit examples, or holds fewer than `min_examples`.
+    let other = json!({"state": "A question the fit has not seen.", "label": "A"});
+    for (list, says) in [
+        (json!(examples[..12]), "12 of the 12 certification examples"),
+        (
+            json!([other]),
+            "1 held-out labelled examples (in `x_certify.examples`)",
+        ),
+    ] {
+        let mut refused = body.clone();
+        refused["x_certify"]["examples"] = list;
+        let r = s.post_json("/v1/tasks", &refused);
+        assert_eq!(r.status, 400, "{}", r.text());
+        assert_eq!(
+            r.json()["error"]["param"],
+            "x_certify.examples",
+            "{}",
+            r.text()
+        );
+        assert!(r.text().contains(says), "{}", r.text());
+    }
     let r = s.post_json("/v1/tasks", &body);
     assert_eq!(r.status, 202, "{}", r.text());
     let id = r.json()["id"].as_str().unwrap().to_string();

@@ -11,7 +11,7 @@ use super::error::ApiError;
 use super::fields::int;
 use super::{new_id, unix_now, AppState};
 use crate::engine::MultiQuestion;
-use crate::route::decide::{check_question, is_blank, MAX_ORDERS, MAX_QUESTIONS};
+use crate::route::decide::{check_question, checked_orders, is_blank, MAX_QUESTIONS};
 use crate::route::{Answer, Decision, Question, State as RouteState};
 use crate::tasks::TaskRegistry;
 
@@ -236,16 +236,7 @@ pub async fn decide(
     state.check_model(body.model.as_deref())?;
     state.ready()?;
     let (questions, mode) = validate(&body, &state.tasks)?;
-    let orders = match body.x_orders {
-        None => 1,
-        Some(k) if (1..=MAX_ORDERS as i64).contains(&k) => k as usize,
-        Some(k) => {
-            return Err(ApiError::invalid(
-                "x_orders",
-                format!("x_orders must be 1 to {MAX_ORDERS}; got {k}"),
-            ))
-        }
-    };
+    let orders = body.x_orders.map_or(Ok(1), checked_orders)?;
     let decision = state
         .route
         .decide_in_orders(RouteState::Text(body.state), questions, mode, orders)

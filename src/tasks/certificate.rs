@@ -44,13 +44,22 @@ pub const HOLDOUT_RULE: &str = "examples with the same input go to the same side
 pub const SUPPLIED_RULE: &str = "the certification examples were supplied separately and share \
      no input with the fit examples";
 
+/// How certification examples were chosen when sent to certify a ready
+/// task again.
+pub const RECERTIFIED_RULE: &str = "certified again on new examples that share no input with the \
+     fit examples";
+
 /// Where a certificate's examples came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Method {
     /// The registration's held-out side ([`hash_split`]).
     Holdout,
-    /// Examples sent to `POST /v1/tasks/{id}/certify`.
+    /// Examples sent with the registration apart from the fit's
+    /// (`certify.examples`).
     Supplied,
+    /// Examples sent to `POST /v1/tasks/{id}/certify` once the task was
+    /// ready.
+    Recertified,
 }
 
 /// A registration's `certify` block, validated.
@@ -141,10 +150,11 @@ pub fn of_holdout(
     let (name, rule) = match method {
         Method::Holdout => ("holdout", HOLDOUT_RULE),
         Method::Supplied => ("supplied", SUPPLIED_RULE),
+        Method::Recertified => ("supplied", RECERTIFIED_RULE),
     };
     let split = SplitFacts {
         method: name.into(),
-        holdout: spec.holdout,
+        holdout: (method == Method::Holdout).then_some(spec.holdout),
         fit_examples,
         certify_examples: held_labels.len(),
         disjoint: true,
@@ -205,7 +215,8 @@ impl Stack {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SplitFacts {
     pub method: String,
-    pub holdout: f64,
+    /// The held-out share (`None` for examples supplied apart).
+    pub holdout: Option<f64>,
     pub fit_examples: usize,
     pub certify_examples: usize,
     pub disjoint: bool,
@@ -459,7 +470,7 @@ mod tests {
         let chosen = vec![0; 200];
         let split = SplitFacts {
             method: "holdout".into(),
-            holdout: 0.5,
+            holdout: Some(0.5),
             fit_examples: 200,
             certify_examples: 200,
             disjoint: true,

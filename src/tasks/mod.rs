@@ -154,6 +154,15 @@ pub struct TaskSpec {
     /// words): the letter-bias removal's data ([`crate::stats::debias`]).
     #[serde(default = "one")]
     pub rotations: usize,
+    /// The last this many examples were sent apart for certification
+    /// (`certify.examples`): they are the held-out side, and the fit sees
+    /// every other example. 0: the held-out side is the hash split's.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub certify_examples: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 fn one() -> usize {
@@ -211,6 +220,10 @@ impl TaskSpec {
     /// when the task certifies nothing (its split is then the seeded one).
     pub fn certified_split(&self, examples: &[Example]) -> Option<(Vec<usize>, Vec<usize>)> {
         self.certify?;
+        if self.certify_examples > 0 {
+            let fit = examples.len().saturating_sub(self.certify_examples);
+            return Some(((0..fit).collect(), (fit..examples.len()).collect()));
+        }
         let inputs: Vec<String> = examples.iter().map(|e| self.input_of(&e.state)).collect();
         Some(certificate::hash_split(&self.name, &inputs, self.holdout))
     }

@@ -144,7 +144,7 @@ impl TaskRegistry {
             report.temperature,
             report.fit_examples,
             self.stack(),
-            Method::Supplied,
+            Method::Recertified,
         );
         let mut tasks = self.lock();
         let Some(r) = tasks.get_mut(&record.id) else {

@@ -208,7 +208,11 @@ impl TaskRegistry {
                 report.temperature,
                 report.fit_examples,
                 self.stack(),
-                certificate::Method::Holdout,
+                if spec.certify_examples > 0 {
+                    certificate::Method::Supplied
+                } else {
+                    certificate::Method::Holdout
+                },
             );
         }
         report.seconds = before + started.elapsed().as_secs_f64();

@@ -24,6 +24,20 @@ pub use crate::stats::rotation;
 /// question.
 pub const MAX_ORDERS: usize = MAX_LABELS;
 
+/// `x_orders` as a request gives it: 1 to [`MAX_ORDERS`], else an error
+/// naming it.
+pub fn checked(k: i64) -> Result<usize, RouteError> {
+    usize::try_from(k)
+        .ok()
+        .filter(|k| (1..=MAX_ORDERS).contains(k))
+        .ok_or_else(|| {
+            RouteError::invalid(
+                "x_orders",
+                format!("`x_orders` must be an integer from 1 to {MAX_ORDERS}; got {k}"),
+            )
+        })
+}
+
 /// How a request's questions are asked: each in `orders[i]` rotations,
 /// asked one after another.
 #[derive(Debug)]
@@ -36,12 +50,7 @@ impl Plan {
     /// whose options are not lettered (an intent task's labels, a yes/no
     /// question asked in words), which have no letter order to rotate.
     pub fn new(questions: &[Question], k: usize) -> Result<Self, RouteError> {
-        if !(1..=MAX_ORDERS).contains(&k) {
-            return Err(RouteError::invalid(
-                "x_orders",
-                format!("x_orders must be 1 to {MAX_ORDERS}; got {k}"),
-            ));
-        }
+        checked(i64::try_from(k).unwrap_or(i64::MAX))?;
         let orders: Vec<usize> = questions
             .iter()
             .map(|q| {

@@ -6,6 +6,7 @@ use serde_json::Value;
 
 use super::error::{detail, Detail};
 use super::{CHOICE_OPTIONS, SCORE_LEVELS};
+use crate::route::decide::{checked_orders, MAX_ORDERS};
 
 /// A question's type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -103,22 +104,25 @@ pub fn parse_request(body: &[u8]) -> Result<WireRequest, Vec<Detail>> {
             Value::Null
         }
     };
-    let most = crate::route::decide::MAX_ORDERS;
     let orders = match top.remove("x_orders") {
         None | Some(Value::Null) => None,
         // An integer, or a float with an integral value (91.0), as JSON
-        // Schema's `integer` reads it.
-        Some(v) => match v.as_f64().filter(|k| k.fract() == 0.0) {
-            Some(k) if (1.0..=most as f64).contains(&k) => Some(k as usize),
-            _ => {
+        // Schema's `integer` reads it; anything else is out of range.
+        Some(v) => {
+            let k = v
+                .as_f64()
+                .filter(|k| k.fract() == 0.0 && k.abs() < 1e15)
+                .map_or(0, |k| k as i64);
+            let k = checked_orders(k).ok();
+            if k.is_none() {
                 faults.push(detail(
                     &["x_orders"],
-                    format!("`x_orders` must be an integer from 1 to {most}; got {v}"),
+                    format!("`x_orders` must be an integer from 1 to {MAX_ORDERS}; got {v}"),
                     "value_error",
                 ));
-                None
             }
-        },
+            k
+        }
     };
     let mut questions = Vec::new();
     match top.remove("questions") {

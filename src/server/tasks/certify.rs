@@ -11,8 +11,9 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use serde::Deserialize;
 use serde_json::Value;
 
+use super::certify_block::certify_spec;
+use super::input::example_state;
 use super::reference::{answer_key, example_request, reference_out};
-use super::validate::{certify_spec, example_state};
 use super::{CertifyIn, Result};
 use crate::server::body::{parse, read_bytes};
 use crate::server::error::ApiError;
@@ -67,12 +68,12 @@ fn example(r: &TaskRecord, v: &Value, i: usize, state: &AppState) -> Result<Exam
                 ));
             }
             (
-                example_state(&parsed.state, true, i)?,
-                answer_key(answer, i)?,
+                example_state(&parsed.state, true, &param)?,
+                answer_key(answer, &format!("{param}.answer"))?,
             )
         }
         (None, None, Some(s), Some(Value::String(label))) => (
-            example_state(s, wire.is_some(), i)?,
+            example_state(s, wire.is_some(), &param)?,
             label.trim().to_string(),
         ),
         _ => {
@@ -111,6 +112,7 @@ pub async fn certify_task(
             min_examples: body.min_examples,
             holdout: None,
             suspend_on_alert: body.suspend_on_alert,
+            examples: None,
         },
         "",
         "",

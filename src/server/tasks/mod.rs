@@ -2,9 +2,13 @@
 //! it fits in the background), listing, reading and deleting tasks; their
 //! request and response bodies; `validate.rs` checks a registration;
 //! `reference.rs` takes a registration in the reference decisio's form;
-//! `certify.rs` certifies a ready task again.
+//! `certify_block.rs` checks its certify block, `input.rs` reads the
+//! pieces read alike; `certify.rs` certifies a
+//! ready task again.
 
 mod certify;
+mod certify_block;
+mod input;
 pub mod reference;
 mod validate;
 
@@ -80,8 +84,8 @@ impl TaskRequest {
 }
 
 /// A `certify` block: the promise's `alpha` and `delta`, the fewest
-/// held-out examples, the held-out share, and whether a traffic alert
-/// suspends certification.
+/// held-out examples, the held-out share or a list of certification
+/// examples, and whether a traffic alert suspends certification.
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CertifyIn {
@@ -91,6 +95,9 @@ pub struct CertifyIn {
     pub min_examples: Option<i64>,
     pub holdout: Option<f64>,
     pub suspend_on_alert: Option<bool>,
+    /// Certification examples apart from the fit's: the held-out side
+    /// (then every example in `examples` is fitted on).
+    pub examples: Option<Vec<TaskExampleIn>>,
 }
 
 #[derive(Clone, Debug, Deserialize)]

@@ -11,7 +11,7 @@
 //! choice task (its labels read with a fitted temperature). Differences,
 //! written down in `docs/design/tasks.md`: a failed registration is a 400
 //! or 500 in decisio's error shape, and `certify.examples` (a separate
-//! list) is refused.
+//! certification list) is refused beside a `holdout`.
 
 use actix_web::{web, HttpResponse};
 use serde::Deserialize;
@@ -51,8 +51,8 @@ pub struct ReferenceExample {
     pub answer: Value,
 }
 
-/// The reference's `certify` block: decisio's [`CertifyIn`], and a
-/// separate certification list (refused).
+/// The reference's `certify` block: decisio's [`CertifyIn`], its
+/// certification examples in the reference's form.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ReferenceCertify {
@@ -62,7 +62,7 @@ pub struct ReferenceCertify {
     pub min_examples: Option<i64>,
     pub holdout: Option<f64>,
     pub suspend_on_alert: Option<bool>,
-    pub examples: Option<Value>,
+    pub examples: Option<Vec<ReferenceExample>>,
 }
 
 /// Whether a body is in the reference's form: an object with `id` and no
@@ -90,8 +90,8 @@ pub(super) fn example_request(request: &Value, param: &str) -> Result<WireReques
 }
 
 /// An answer as a key: `true`/`false` are `yes`/`no`, numbers their
-/// decimal form.
-pub(super) fn answer_key(answer: &Value, i: usize) -> Result<String> {
+/// decimal form; `param` names it in errors.
+pub(super) fn answer_key(answer: &Value, param: &str) -> Result<String> {
     match answer {
         Value::String(s) => Ok(s.clone()),
         Value::Bool(true) => Ok("yes".into()),
@@ -102,10 +102,60 @@ pub(super) fn answer_key(answer: &Value, i: usize) -> Result<String> {
             _ => n.to_string(),
         }),
         other => Err(ApiError::invalid(
-            &format!("examples[{i}].answer"),
+            param,
             format!("an answer is one of the question's keys; got {other}"),
         )),
     }
+}
+
+/// Examples in the reference's form as decisio's `{state, label}`, each
+/// asking the one question every example asks (`question`, set by the
+/// first); `param` names the list in errors.
+fn reference_examples(
+    list: &[ReferenceExample],
+    param: &str,
+    question: &mut Option<Value>,
+) -> Result<Vec<TaskExampleIn>> {
+    let mut examples = Vec::with_capacity(list.len());
+    for (i, ex) in list.iter().enumerate() {
+        let request = example_request(&ex.request, &format!("{param}[{i}].request"))?;
+        if request.orders.is_some() {
+            return Err(ApiError::invalid(
+                &format!("{param}[{i}].request.x_orders"),
+                "an example is read in its options' order as asked: `x_orders` is not taken in \
+                 a task's examples",
+            ));
+        }
+        let q = match ex.request.get("questions").and_then(Value::as_object) {
+            Some(qs) if qs.len() == 1 && request.questions.len() == 1 => {
+                qs.values().next().cloned().unwrap_or_default()
+            }
+            _ => {
+                return Err(ApiError::invalid(
+                    &format!("{param}[{i}].request.questions"),
+                    "an example carries exactly one question",
+                ))
+            }
+        };
+        match question {
+            None => *question = Some(q),
+            // The task's identity is checked on the parsed question when it
+            // is validated; here the wire forms must agree.
+            Some(first) if *first == q => {}
+            Some(_) => {
+                return Err(ApiError::invalid(
+                    &format!("{param}[{i}].request.questions"),
+                    "the examples must share one question: the same type, options in the same \
+                     order and instructions",
+                ))
+            }
+        }
+        examples.push(TaskExampleIn {
+            state: request.state,
+            label: answer_key(&ex.answer, &format!("{param}[{i}].answer"))?,
+        });
+    }
+    Ok(examples)
 }
 
 /// The fewest examples of every answer key for the reference form to
@@ -134,60 +184,19 @@ fn to_request(body: ReferenceTask, hidden: bool) -> Result<TaskRequest> {
         return Err(ApiError::invalid("id", "`id` is the task's name, a string"));
     };
     let mut question: Option<Value> = None;
-    let mut examples = Vec::with_capacity(body.examples.len());
-    for (i, ex) in body.examples.iter().enumerate() {
-        let request = example_request(&ex.request, &format!("examples[{i}].request"))?;
-        if request.orders.is_some() {
-            return Err(ApiError::invalid(
-                &format!("examples[{i}].request.x_orders"),
-                "an example is read in its options' order as asked: `x_orders` is not taken in \
-                 a task's examples",
-            ));
-        }
-        let q = match ex.request.get("questions").and_then(Value::as_object) {
-            Some(qs) if qs.len() == 1 && request.questions.len() == 1 => {
-                qs.values().next().cloned().unwrap_or_default()
-            }
-            _ => {
-                return Err(ApiError::invalid(
-                    &format!("examples[{i}].request.questions"),
-                    "an example carries exactly one question",
-                ))
-            }
-        };
-        match &question {
-            None => question = Some(q),
-            // The task's identity is checked on the parsed question when it
-            // is validated; here the wire forms must agree.
-            Some(first) if *first == q => {}
-            Some(_) => {
-                return Err(ApiError::invalid(
-                    &format!("examples[{i}].request.questions"),
-                    "the examples must share one question: the same type, options in the same \
-                     order and instructions",
-                ))
-            }
-        }
-        examples.push(TaskExampleIn {
-            state: request.state,
-            label: answer_key(&ex.answer, i)?,
-        });
-    }
+    let examples = reference_examples(&body.examples, "examples", &mut question)?;
     let x_certify = match body.certify {
         None => None,
-        Some(c) if c.examples.as_ref().is_some_and(|e| !e.is_null()) => {
-            return Err(ApiError::invalid(
-                "certify.examples",
-                "a separate list of certification examples is not taken: give every example in \
-                 `examples`, and the certified share is held out of them by `certify.holdout`",
-            ))
-        }
         Some(c) => Some(CertifyIn {
             alpha: c.alpha,
             delta: c.delta,
             min_examples: c.min_examples,
             holdout: c.holdout,
             suspend_on_alert: c.suspend_on_alert,
+            examples: c
+                .examples
+                .map(|list| reference_examples(&list, "certify.examples", &mut question))
+                .transpose()?,
         }),
     };
     let mut counts: std::collections::HashMap<&str, usize> = Default::default();
@@ -287,7 +296,12 @@ pub fn reference_out(r: &TaskRecord, state: &AppState) -> Value {
         "key": wire.map(|w| w.identity.clone()),
         "type": wire.map(|w| w.question["type"].clone()),
         "options": wire.map(|w| w.keys.clone()),
-        "n_examples": r.progress.total,
+        // The examples fitted on, as the reference counts them: a
+        // certified task's held-out side apart.
+        "n_examples": r.progress.total
+            - report
+                .filter(|_| r.spec.certify.is_some())
+                .map_or(0, |rep| rep.holdout_examples),
         "calibration": report.map(|rep| json!({
             "temperature": rep.temperature,
             "fit_examples": rep.fit_examples,

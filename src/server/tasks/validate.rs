@@ -1,36 +1,22 @@
 //! A registration validated into a task spec and its examples, every
 //! fault a 400 naming its field (`POST /v1/tasks`).
 
-use super::{CertifyIn, Result, TaskRequest};
+use super::certify_block::{certified, certify, supplied};
+use super::input::{labelled, unit};
+use super::{Result, TaskRequest};
 use crate::route::decide::{check_question, is_blank};
 use crate::route::wire::{NoulRendering, WireAsk};
 use crate::route::Question;
 use crate::server::error::ApiError;
 use crate::server::fields::task_name;
-use crate::server::systemone::{
-    parse_one, state_text, task_identity, to_asked, Asked, Kind as WireKind,
-};
+use crate::server::systemone::{parse_one, task_identity, to_asked, Asked, Kind as WireKind};
 use crate::settings::Limits;
-use crate::stats::certify::minimum_examples;
-use crate::tasks::certificate::{CertifySpec, DEFAULT_ALPHA, DEFAULT_DELTA, DEFAULT_HOLDOUT};
+use crate::tasks::certificate::DEFAULT_HOLDOUT;
 use crate::tasks::conformal::Score;
 use crate::tasks::{
     minimum_holdout, Abstention, Coverage, DrawSpec, Example, Kind, TaskSpec, WireTask,
     DEFAULT_ROTATIONS,
 };
-
-/// Bounds of a share or probability in (0, 1] (or (0, 1) when `open`).
-fn unit(value: f64, open: bool, param: &str) -> Result<f64> {
-    let ok = value.is_finite() && value > 0.0 && (value < 1.0 || (!open && value == 1.0));
-    if !ok {
-        let range = if open { "(0, 1)" } else { "(0, 1]" };
-        return Err(ApiError::invalid(
-            param,
-            format!("`{param}` must be in {range}; got {value}"),
-        ));
-    }
-    Ok(value)
-}
 
 /// A registration: a task spec and its examples, each label an option's
 /// index, or a 400 naming the field.
@@ -114,22 +100,12 @@ pub(super) fn validate(
             ),
         ));
     }
+    let mut examples = labelled(&req.examples, "examples", keys, field, wire.is_some())?;
     let mut counts = vec![0usize; labels.len()];
-    let mut examples = Vec::with_capacity(n);
-    for (i, e) in req.examples.iter().enumerate() {
-        let state = example_state(&e.state, wire.is_some(), i)?;
-        let label = keys
-            .iter()
-            .position(|l| l == e.label.trim())
-            .ok_or_else(|| {
-                ApiError::invalid(
-                    &format!("examples[{i}].label"),
-                    format!("the label `{}` is not one of the task's {field}", e.label),
-                )
-            })?;
-        counts[label] += 1;
-        examples.push(Example { state, label });
+    for e in &examples {
+        counts[e.label] += 1;
     }
+    let supplied = supplied(req, &examples, keys, field, wire.is_some(), limits)?;
     if let Some(j) = counts.iter().position(|&c| c == 0) {
         let param = match &wire {
             Some(_) => "examples".to_string(),
@@ -217,40 +193,10 @@ pub(super) fn validate(
         coverage: None,
         certify,
         rotations: 1,
+        certify_examples: 0,
     };
     spec.rotations = rotations(req, &spec)?;
-    if let Some(c) = &spec.certify {
-        if spec
-            .wire
-            .as_ref()
-            .is_some_and(|w| w.question["type"] == "score")
-        {
-            return Err(ApiError::invalid(
-                req.certify_param(),
-                "score questions are not certified (an ordinal answer has no single wrong answer); \
-                 register the task without a certify block",
-            ));
-        }
-        let held = spec.certified_split(&examples).map_or(0, |s| s.1.len());
-        if held < c.min_examples {
-            let why = if c.min_examples > minimum_examples(c.alpha, c.delta) {
-                format!("you asked for at least {}", c.min_examples)
-            } else {
-                format!(
-                    "with alpha {} and delta {} even a task answered right every time needs {}",
-                    c.alpha, c.delta, c.min_examples
-                )
-            };
-            return Err(ApiError::invalid(
-                req.certify_param(),
-                format!(
-                    "{held} held-out labelled examples (holdout {holdout} of {n}), and at least {} \
-                     are needed to certify: {why}. Send more examples or a larger holdout",
-                    c.min_examples
-                ),
-            ));
-        }
-    }
+    certified(req, &mut spec, &mut examples, supplied)?;
     let held = match spec.certified_split(&examples) {
         Some((_, held)) => held.len(),
         None => match kind {
@@ -295,48 +241,6 @@ fn rotations(req: &TaskRequest, spec: &TaskSpec) -> Result<usize> {
     }
 }
 
-/// A registration's `certify` block (`x_certify` in decisio's form): alpha
-/// and delta in (0, 1) (defaults 0.05 and 0.1), `min_examples` never below
-/// what the procedure needs, `suspend_on_alert` (default true).
-fn certify(req: &TaskRequest) -> Result<Option<CertifySpec>> {
-    match &req.x_certify {
-        None => Ok(None),
-        Some(c) => certify_spec(c, req.certify_param(), "").map(Some),
-    }
-}
-
-/// A certify block's settings, each fault a 400 naming
-/// `<param>.<field>` (`prefix` before a field read at the top level, as
-/// `POST /v1/tasks/{id}/certify` reads them).
-pub(super) fn certify_spec(c: &CertifyIn, param: &str, prefix: &str) -> Result<CertifySpec> {
-    let field = |f: &str| {
-        if prefix.is_empty() && !param.is_empty() {
-            format!("{param}.{f}")
-        } else {
-            format!("{prefix}{f}")
-        }
-    };
-    let alpha = unit(c.alpha.unwrap_or(DEFAULT_ALPHA), true, &field("alpha"))?;
-    let delta = unit(c.delta.unwrap_or(DEFAULT_DELTA), true, &field("delta"))?;
-    let asked = match c.min_examples {
-        None => 0,
-        Some(m) if m >= 0 => m as usize,
-        Some(m) => {
-            let f = field("min_examples");
-            return Err(ApiError::invalid(
-                &f,
-                format!("`{f}` must be 0 or more; got {m}"),
-            ));
-        }
-    };
-    Ok(CertifySpec {
-        alpha,
-        delta,
-        min_examples: asked.max(minimum_examples(alpha, delta)),
-        suspend_on_alert: c.suspend_on_alert.unwrap_or(true),
-    })
-}
-
 /// The prediction sets a registration asks for: a coverage in (0, 1), a
 /// score, and a holdout large enough to calibrate them (the split is the
 /// one the task will be fitted with).
@@ -366,7 +270,9 @@ fn coverage(req: &TaskRequest, held: usize, n: usize, holdout: f64) -> Result<Op
         return Err(ApiError::invalid(
             "x_coverage",
             format!(
-                "prediction sets of coverage {level} are calibrated on at least {needed}                  held-out examples; this registration holds out {} (`holdout` {holdout} of {}                  examples): send more examples, a larger `holdout` or a lower `x_coverage`",
+                "prediction sets of coverage {level} are calibrated on at least {needed} \
+                 held-out examples; this registration holds out {} (`holdout` {holdout} of {} \
+                 examples): send more examples, a larger `holdout` or a lower `x_coverage`",
                 held, n
             ),
         ));
@@ -598,26 +504,4 @@ fn wire_task(
         question: v.clone(),
     };
     Ok((task, asked))
-}
-
-/// An example's state as the task reads it: a string, or (a System One
-/// task's) an object or an array shown as the wire shows them.
-pub(super) fn example_state(state: &serde_json::Value, wire: bool, i: usize) -> Result<String> {
-    let param = format!("examples[{i}].state");
-    let text = match state {
-        serde_json::Value::String(s) => s.clone(),
-        serde_json::Value::Object(_) | serde_json::Value::Array(_) if wire => state_text(state),
-        _ => {
-            let what = if wire {
-                "a string, an object or an array"
-            } else {
-                "a string"
-            };
-            return Err(ApiError::invalid(&param, format!("a state is {what}")));
-        }
-    };
-    if is_blank(&text) {
-        return Err(ApiError::invalid(&param, "the state is empty"));
-    }
-    Ok(text)
 }
