@@ -372,22 +372,26 @@ fn a_reference_client_registers_a_certified_task_and_reads_its_verdicts() {
     assert!(r.text().contains("layout"), "{}", r.text());
     drop(other);
 
-    // Registering the same id again replaces the task (fewer than five
-    // examples of each key: a choice task), here certified on a separate
-    // list (the 30 new examples): the fit sees every example, the list is
-    // the held-out side, and the certificate is what its answers read
-    // back give.
-    let some: Vec<&Value> = examples.iter().step_by(7).collect();
+    // Registering the same id again replaces the task, here certified at
+    // alpha 0.3 on a separate list (the next 6 examples of each subject
+    // after the 15) and fitted on the first 8 of each: the fit sees every
+    // example, the list is the held-out side, and the certificate is what
+    // its answers read back give.
+    let listed: Vec<Value> = reference_examples(21)
+        .chunks(21)
+        .flat_map(|subject| subject[15..].to_vec())
+        .collect();
+    let some: Vec<&Value> = examples.chunks(15).flat_map(|c| &c[..8]).collect();
     let r = s.post_json_waiting(
         "/v1/tasks",
         &json!({"id": "mmlu-cert", "examples": some,
-                "certify": {"alpha": ALPHA, "delta": DELTA, "examples": new}}),
+                "certify": {"alpha": 0.3, "delta": DELTA, "examples": listed}}),
         WAIT,
     );
     assert_eq!(r.status, 200, "{}", r.text());
     let t = r.json();
-    assert_eq!(t["x_task"]["kind"], "choice", "{t}");
-    assert_eq!(t["n_examples"], some.len(), "{t}");
+    assert_eq!(t["x_task"]["kind"], "intent", "{t}");
+    assert_eq!(t["n_examples"], 80, "{t}");
     let cert = &t["certificate"];
     let split = &cert["split"];
     assert_eq!(split["method"], "supplied", "{cert}");
@@ -395,29 +399,33 @@ fn a_reference_client_registers_a_certified_task_and_reads_its_verdicts() {
     assert_eq!(split["fit_examples"], some.len(), "{cert}");
     assert_eq!(
         (&split["certify_examples"], &cert["n"]),
-        (&json!(30), &json!(30))
+        (&json!(60), &json!(60))
     );
     let (mut conf, mut correct) = (vec![], vec![]);
-    for e in &new {
+    for e in &listed {
         let a = ask(&s, &e["request"]);
         assert_eq!(a["x_certificate"], cert["id"], "{a}");
         let (p, key) = top(&a);
         conf.push(p);
         correct.push(key == e["answer"].as_str().unwrap());
     }
-    let want = certify::certify(&conf, &correct, ALPHA, DELTA);
+    let want = certify::certify(&conf, &correct, 0.3, DELTA);
     assert_eq!(cert["certified_n"], want.served, "{cert}");
+    assert!(
+        want.served > 0,
+        "the subject head certifies at alpha 0.3: {cert}"
+    );
     assert_eq!(
         cert["threshold"].as_f64(),
         want.threshold.is_finite().then_some(want.threshold),
         "{cert}"
     );
     eprintln!(
-        "certified on a separate list: {} of 30 at {:?} (accuracy {})",
+        "certified on a separate list: {} of 60 at {:?} (accuracy {})",
         want.served, cert["threshold"], cert["accuracy"]
     );
-    let listed = s.request("GET", "/v1/tasks", &[], None).unwrap().json();
-    assert_eq!(listed["data"].as_array().unwrap().len(), 1, "{listed}");
+    let tasks = s.request("GET", "/v1/tasks", &[], None).unwrap().json();
+    assert_eq!(tasks["data"].as_array().unwrap().len(), 1, "{tasks}");
     // Certified again, the list is not the fit's: its examples are taken.
     let r = s.post_json_waiting(
         "/v1/tasks/mmlu-cert/certify",
