@@ -1003,6 +1003,44 @@ fn systemone_matrix(base: &str, model: &str, tokenizer: &str) {
         assert_eq!(a["x_abstention_task"], "team-unsure", "{base}: {a}");
         assert!(a["x_abstained"].is_boolean(), "{base}: {a}");
     }
+    // The task registered again in the reference's form (replacing it),
+    // certified on a separate list of four messages: on both backends the
+    // fit sees the nine cases and the list is the held-out side.
+    let reference = |(m, l): &(&str, &str)| json!({"request": {"state": {"message": m}, "questions": {"team": team}}, "answer": l});
+    let listed = [
+        ("My bank shows a charge I never made.", "billing"),
+        ("The parcel arrived crushed.", "shipping"),
+        ("I am filing a complaint with the regulator.", "legal"),
+        ("Cancel the invoice you sent me.", "billing"),
+    ];
+    let body = json!({
+        "id": "team", "examples": cases.iter().map(reference).collect::<Vec<_>>(),
+        "certify": {"alpha": 0.6, "delta": 0.2,
+                    "examples": listed.iter().map(reference).collect::<Vec<_>>()}
+    });
+    let mut held = vec![];
+    for (s, backend) in [(&mlx, "MLX"), (&vllm, "vLLM")] {
+        let r = s.post_json("/v1/tasks", &body);
+        assert_eq!(r.status, 200, "{base}: {}", r.text());
+        let t = r.json();
+        let cert = &t["certificate"];
+        assert_eq!(t["n_examples"], 9, "{base}: {t}");
+        assert_eq!(cert["stack"]["backend"], backend, "{base}: {cert}");
+        assert_eq!(
+            (&cert["split"]["method"], &cert["split"]["holdout"]),
+            (&json!("supplied"), &Value::Null),
+            "{base}: {cert}"
+        );
+        assert_eq!(
+            (&cert["split"]["fit_examples"], &cert["n"]),
+            (&json!(9), &json!(4)),
+            "{base}: {cert}"
+        );
+        assert_eq!(answer(s)["x_certificate"], cert["id"], "{base}");
+        held.push(t["x_task"]["result"]["holdout_indices"].clone());
+    }
+    assert_eq!(held[0], json!([9, 10, 11, 12]), "{base}");
+    assert_eq!(held[0], held[1], "{base}");
 
     println!(
         "{base} on {model}: System One answered alike on both backends: team {}, shelf {}, score {:.3}",

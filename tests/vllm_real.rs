@@ -483,4 +483,32 @@ fn a_certified_task_with_sets_and_an_abstention_task_register_through_a_real_vll
     let z = answer(&gw);
     assert_eq!(z["x_abstention_task"], "day-unsure", "{z}");
     assert!(z["x_abstained"].is_boolean(), "{z}");
+    // Registered again in the reference's form, certified on a separate
+    // list: the fit sees the twelve cases, the list is the held-out side.
+    let reference = |(m, l): &(&str, &str)| json!({"request": {"state": m, "questions": {"day": day}}, "answer": l});
+    let listed = [
+        ("It turned up on Monday.", "Monday"),
+        ("Friday, finally, it was at my door.", "Friday"),
+        ("Nobody told me when it would come.", "Sunday"),
+    ];
+    let t = ok(gw.post_json(
+        "/v1/tasks",
+        &json!({"id": "day", "examples": cases.iter().map(reference).collect::<Vec<_>>(),
+                "certify": {"alpha": 0.6, "delta": 0.2,
+                            "examples": listed.iter().map(reference).collect::<Vec<_>>()}}),
+    ));
+    let cert = &t["certificate"];
+    assert_eq!(t["n_examples"], 12, "{t}");
+    assert_eq!(cert["stack"]["backend"], "vLLM", "{cert}");
+    assert_eq!(cert["split"]["method"], "supplied", "{cert}");
+    assert_eq!(
+        (&cert["split"]["fit_examples"], &cert["n"]),
+        (&json!(12), &json!(3))
+    );
+    assert_eq!(
+        t["x_task"]["result"]["holdout_indices"],
+        json!([12, 13, 14]),
+        "{t}"
+    );
+    assert_eq!(answer(&gw)["x_certificate"], cert["id"]);
 }
