@@ -361,9 +361,8 @@ pub fn choose(reads: &[Vec<Vec<f32>>], y: &[usize], k: usize, seed: u64) -> Debi
     out.cv_accuracy_plain = Some(accuracy(&plain));
     for (m, &method) in methods.iter().enumerate() {
         let d: Vec<f64> = cand[m].iter().zip(&plain).map(|(c, p)| c.0 - p.0).collect();
-        let dm = d.iter().sum::<f64>() / n as f64;
-        let var = d.iter().map(|v| (v - dm).powi(2)).sum::<f64>() / (n as f64 - 1.0);
-        let se = (var / n as f64).sqrt();
+        let (dm, sd) = super::mean_sd(&d);
+        let se = sd / (n as f64).sqrt();
         let t = (se > 0.0).then(|| dm / se);
         let accepted = dm <= -MIN_GAIN
             && t.is_some_and(|t| t <= -T_ACCEPT)

@@ -20,6 +20,7 @@ use ndarray::{Array1, Array2};
 use serde::{Deserialize, Serialize};
 
 use super::calibrate::{self, Figures};
+use super::mean_sd;
 use crate::rng::SplitMix;
 
 /// The inverse regularisation strengths tried (`alpha = 1 / C` on the
@@ -161,17 +162,6 @@ pub fn stratified_split(
     fit.sort_unstable();
     held.sort_unstable();
     (fit, held)
-}
-
-fn mean_sd(v: &[f64]) -> (f64, f64) {
-    let n = v.len().max(1) as f64;
-    let mean = v.iter().sum::<f64>() / n;
-    let sd = if v.len() > 1 {
-        (v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (v.len() - 1) as f64).sqrt()
-    } else {
-        0.0
-    };
-    (mean, sd)
 }
 
 /// Standardisation of `x`'s columns: (means, scales); a constant column

@@ -5,6 +5,7 @@
 //!   in f64, of logits divided by a temperature.
 //! - [`top_option`]: the argmax as a decision serves it (the earliest
 //!   option among exact equals wins).
+//! - [`mean_sd`]: a sample's mean and standard deviation.
 //! - [`calibrate`]: the calibration figures of a set of answers (accuracy,
 //!   NLL, ECE over [`calibrate::ECE_BINS`] equal-width bins, the
 //!   reliability table), the temperature fit, the fit/holdout split and the
@@ -45,3 +46,16 @@ pub mod monitor;
 mod softmax;
 
 pub use self::softmax::{log_softmax, log_sum_exp, rotation, softmax, top_option};
+
+/// The mean of `v` and its sample standard deviation (with `n − 1`);
+/// 0 and 0 for an empty sample, a standard deviation of 0 for one value.
+pub fn mean_sd(v: &[f64]) -> (f64, f64) {
+    let n = v.len().max(1) as f64;
+    let mean = v.iter().sum::<f64>() / n;
+    let sd = if v.len() > 1 {
+        (v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (v.len() - 1) as f64).sqrt()
+    } else {
+        0.0
+    };
+    (mean, sd)
+}

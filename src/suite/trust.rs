@@ -29,7 +29,7 @@ use serde::{Deserialize, Serialize};
 use super::outcome::Outcome;
 use crate::rng::SplitMix;
 use crate::stats::conformal::{self, Score};
-use crate::stats::{certify, top_option};
+use crate::stats::{certify, mean_sd, top_option};
 
 /// The trust record's file, beside a run record.
 pub const TRUST_FILE: &str = "trust.json";
@@ -96,15 +96,6 @@ pub struct TrustRecord {
     pub draws: usize,
     pub delta: f64,
     pub tasks: Vec<TaskDraws>,
-}
-
-fn mean(v: &[f64]) -> Option<f64> {
-    (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
-}
-
-fn sd(v: &[f64]) -> f64 {
-    let m = mean(v).unwrap_or(0.0);
-    (v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (v.len().max(2) - 1) as f64).sqrt()
 }
 
 /// Draws one task's pool.
@@ -178,8 +169,8 @@ fn draw_task(pool: &Pool, spec: &DrawSpec) -> TaskDraws {
             .zip(&cert)
             .map(|(&alpha, (share, err, held, none))| Certified {
                 alpha,
-                certified_share_mean: mean(share).unwrap_or(0.0),
-                error_among_certified_mean: mean(err),
+                certified_share_mean: mean_sd(share).0,
+                error_among_certified_mean: (!err.is_empty()).then(|| mean_sd(err).0),
                 error_among_certified_max: err.iter().copied().reduce(f64::max),
                 promise_held: *held as f64 / draws,
                 nothing_certified: *none as f64 / draws,
@@ -192,13 +183,16 @@ fn draw_task(pool: &Pool, spec: &DrawSpec) -> TaskDraws {
                 spec.coverages
                     .iter()
                     .zip(per)
-                    .map(move |(&level, (cov, size))| Covered {
-                        score,
-                        level,
-                        draws: cov.len(),
-                        coverage_mean: mean(cov).unwrap_or(0.0),
-                        coverage_sd: sd(cov),
-                        size_mean: mean(size).unwrap_or(0.0),
+                    .map(move |(&level, (cov, size))| {
+                        let (coverage_mean, coverage_sd) = mean_sd(cov);
+                        Covered {
+                            score,
+                            level,
+                            draws: cov.len(),
+                            coverage_mean,
+                            coverage_sd,
+                            size_mean: mean_sd(size).0,
+                        }
                     })
             })
             .collect(),
@@ -254,16 +248,15 @@ pub fn outcomes(c: &TrustRecord, r: Option<&TrustRecord>, g: &TrustGate) -> Vec<
                 .iter()
                 .filter(|c| c.score == score && c.draws > 0)
                 .collect();
-            // The level furthest below its line.
+            // A level's line, and the level furthest below its line.
+            let line_of =
+                |level: f64| level - g.spread * (level * (1.0 - level) / t.test as f64).sqrt();
             let worst = levels.iter().min_by(|a, b| {
-                let margin = |c: &Covered| {
-                    c.coverage_mean - c.level
-                        + g.spread * (c.level * (1.0 - c.level) / t.test as f64).sqrt()
-                };
+                let margin = |c: &Covered| c.coverage_mean - line_of(c.level);
                 margin(a).total_cmp(&margin(b))
             });
             if let Some(w) = worst {
-                let line = w.level - g.spread * (w.level * (1.0 - w.level) / t.test as f64).sqrt();
+                let line = line_of(w.level);
                 out.push(Outcome {
                     gate: format!("coverage {} ({})", t.name, score.as_str()),
                     candidate: format!("{:.4}", w.coverage_mean),

@@ -81,15 +81,14 @@ pub struct Responded {
     pub reads: Vec<(Vec<String>, Vec<f64>)>,
 }
 
-/// Answers a validated request as `POST /v1/systemone` does; `reads`
+/// Answers a validated request as `POST /v1/systemone` does; `keep_reads`
 /// keeps each question's keys and probabilities (an abstention task's
 /// registration reads them; serving does not copy them).
 pub async fn respond(
     state: &AppState,
     request: &WireRequest,
-    reads: bool,
+    keep_reads: bool,
 ) -> Result<Responded, WireError> {
-    let keep_reads = reads;
     let settings = state.route.wire;
     let asked: Vec<Asked> = request
         .questions

@@ -211,7 +211,7 @@ pub(super) fn validate(
             }
         },
     };
-    spec.coverage = coverage(req, held, examples.len(), holdout)?;
+    spec.coverage = coverage(req, held, examples.len(), spec.holdout)?;
     Ok((spec, examples))
 }
 
