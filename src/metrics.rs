@@ -27,6 +27,12 @@ pub struct Metrics {
     pub question_seconds: HistogramVec,
     /// Seconds to prefill a state that was not in the cache.
     pub new_state_seconds: Histogram,
+    /// Question passes on a state (MLX: each reads up to `--pass-tokens`
+    /// of question rows at once).
+    pub question_passes: IntCounter,
+    /// Scoring jobs whose questions were read in the passes of an earlier
+    /// job on the same state (MLX: requests merged across clients).
+    pub merged_jobs: IntCounter,
     /// System One questions answered, by type.
     pub wire_questions: IntCounterVec,
     /// Seconds a System One request took per question, by type.
@@ -116,6 +122,15 @@ impl Metrics {
         let m = Metrics {
             question_seconds,
             new_state_seconds,
+            question_passes: counter(
+                "decisio_question_passes_total",
+                "Passes that read a state's questions together (MLX backend).",
+            ),
+            merged_jobs: counter(
+                "decisio_merged_jobs_total",
+                "Scoring requests read in the same passes as an earlier request on the same \
+                 state (MLX backend).",
+            ),
             wire_questions: IntCounterVec::new(
                 Opts::new(
                     "decisio_systemone_questions_total",
@@ -302,6 +317,8 @@ impl Metrics {
         let all: Vec<Box<dyn prometheus::core::Collector>> = vec![
             Box::new(self.question_seconds.clone()),
             Box::new(self.new_state_seconds.clone()),
+            Box::new(self.question_passes.clone()),
+            Box::new(self.merged_jobs.clone()),
             Box::new(self.wire_questions.clone()),
             Box::new(self.wire_question_seconds.clone()),
             Box::new(self.prefix_cache_hits.clone()),

@@ -22,6 +22,10 @@ pub struct Limits {
     pub max_stop_bytes: usize,
     /// Prompt tokens per forward pass while reading a prompt.
     pub prefill_chunk: usize,
+    /// Question tokens per pass on a state (MLX): a state's questions are
+    /// read together, as the rows of one batch, as many as fit this budget
+    /// counted as rows times the longest row (`--pass-tokens`).
+    pub pass_tokens: usize,
     /// Budget of the prefix cache in MiB (`--prefix-cache-mb`; 0: off).
     pub prefix_cache_mib: u64,
     /// The letter temperature when neither the request nor a task sets one.
@@ -66,6 +70,7 @@ impl Default for Limits {
             max_stop: 4,
             max_stop_bytes: 256,
             prefill_chunk: 256,
+            pass_tokens: 1024,
             prefix_cache_mib: 2048,
             letter_temperature: 1.0,
             answers_per_state: 256,

@@ -100,10 +100,19 @@ fn bits(answer: &Value) -> Vec<u32> {
 }
 
 /// A miss (half the questions), a hit (all of them) and the cache off give
-/// the same bits for every question.
+/// the same bits for every question; so do, with the cache off, each
+/// question asked alone, the questions in reverse order, and passes of a
+/// few rows (`--pass-tokens 32`): a question's bits do not depend on what
+/// else its pass reads.
 fn prefix_cache_is_bit_for_bit(base: &str, model: &str, tokenizer: &str) {
     let cached = serve(base, model, tokenizer, &[]);
     let off = serve(base, model, tokenizer, &["--prefix-cache-mb", "0"]);
+    let narrow = serve(
+        base,
+        model,
+        tokenizer,
+        &["--prefix-cache-mb", "0", "--pass-tokens", "32"],
+    );
     let models = cached
         .request("GET", "/v1/models", &[], None)
         .unwrap()
@@ -119,6 +128,21 @@ fn prefix_cache_is_bit_for_bit(base: &str, model: &str, tokenizer: &str) {
         assert_eq!(miss["state"]["cached"], false);
         assert_eq!(hit["state"]["cached"], true);
         assert!(hit["state"]["tokens"].as_u64().unwrap() > 100);
+        let reversed: Vec<Value> = qs.iter().rev().cloned().collect();
+        let back = decide(&off, &json!({"state": state, "questions": reversed}));
+        let small = decide(&narrow, &body);
+        for (i, q) in qs.iter().enumerate() {
+            let alone = decide(&off, &json!({"state": state, "questions": [q]}));
+            let want = bits(&cold["answers"][i]);
+            assert_eq!(bits(&alone["answers"][0]), want, "{base}: {i} alone");
+            let back = &back["answers"][qs.len() - 1 - i];
+            assert_eq!(bits(back), want, "{base}: {i} reversed");
+            assert_eq!(
+                bits(&small["answers"][i]),
+                want,
+                "{base}: {i} in small passes"
+            );
+        }
         for i in 0..qs.len() {
             assert_eq!(
                 bits(&hit["answers"][i]),

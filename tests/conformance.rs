@@ -103,7 +103,7 @@ fn the_profile_changes_no_bit_and_counts_every_class() {
         let mut cache = model.new_cache();
         model.prefill(&state, &mut cache, 128).unwrap();
         model
-            .read_question(&suffix, &mut cache, 128, &letters, false, None)
+            .read_question(&suffix, &cache, 128, &letters, false, None)
             .unwrap()
     };
     let plain = run();

@@ -191,6 +191,12 @@ pub struct ServeArgs {
     /// Prompt tokens per forward pass while reading a prompt or a state.
     #[arg(long, default_value_t = Limits::default().prefill_chunk, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     prefill_chunk: usize,
+    /// Question tokens per pass on a state (MLX): a state's questions are
+    /// read together as the rows of one batch, as many as fit, counted as
+    /// rows times the longest row; a longer question is read alone in
+    /// chunks of --prefill-chunk.
+    #[arg(long, default_value_t = Limits::default().pass_tokens, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pass_tokens: usize,
     /// Budget of the prefix cache (states kept across requests), in MiB; 0
     /// turns it off. Default: the base's (2,048 where no base applies).
     #[arg(long)]
@@ -407,6 +413,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         max_body_bytes: (args.max_body_mb as usize) << 20,
         max_task_body_bytes: (args.max_task_body_mb as usize) << 20,
         prefill_chunk: args.prefill_chunk,
+        pass_tokens: args.pass_tokens,
         prefix_cache_mib: prefix_cache_mb,
         max_model_len: args.max_model_len,
         letter_temperature: letter_temperature(&args)?,
@@ -432,6 +439,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
                 metrics: metrics.clone(),
                 max_queue: limits.max_queue,
                 prefill_chunk: limits.prefill_chunk,
+                pass_tokens: limits.pass_tokens,
                 answers_per_state: limits.answers_per_state,
                 padding,
             },

@@ -17,10 +17,17 @@ pub trait Architecture {
     fn hidden_size(&self) -> usize;
     /// Decoder blocks.
     fn num_layers(&self) -> usize;
-    /// Runs `tokens` (`[1, L]`) from position `cache.offset()`, extending
-    /// every layer's cache, and returns the final hidden states (after the
-    /// last norm) of every position, `[1, L, D]`.
-    fn hidden(&self, tokens: &Array, cache: &mut ModelCache) -> MlxResult<Array>;
+    /// Runs `tokens` (`[B, L]`: one row, or the rows of a question pass on
+    /// a question cache) from position `cache.offset()`, extending every
+    /// layer's cache, and returns the final hidden states (after the last
+    /// norm) of every position, `[B, L, D]`, and block `tap`'s output at
+    /// every position when it names one.
+    fn hidden(
+        &self,
+        tokens: &Array,
+        cache: &mut ModelCache,
+        tap: Option<usize>,
+    ) -> MlxResult<(Array, Option<Array>)>;
     /// Like [`Architecture::hidden`] for the last position only (`[1, 1, D]`;
     /// an architecture may skip work no other position needs), and, when
     /// `tap` names a block, that block's output at the last position.

@@ -4,6 +4,14 @@
 //! is a clone of its handles: continuing from it appends new arrays and never
 //! touches the kept ones. That is what lets the prefix cache keep a state and
 //! hand it to any number of later questions.
+//!
+//! A *question cache* ([`ModelCache::for_questions`]) reads many questions
+//! on one state in one pass: every row of the pass is a question, and each
+//! attention layer keeps the state's keys and values once, shared by every
+//! row (batch 1, never copied), beside the rows' own ([`Keys::Split`]);
+//! a recurrent layer starts each row from the state's recurrent state.
+//! `docs/design/mlx-backend.md`, "One pass for a state's questions", gives
+//! the layout.
 
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{ops, Array};
@@ -11,12 +19,43 @@ use mlx_rs::{ops, Array};
 use super::profile::{self, Class};
 use super::{MlxError, MlxResult};
 
+/// The keys and values an attention layer's queries attend to
+/// (`[batch, kv_heads, tokens, head_dim]`); the queries are the last
+/// positions of the keys (of `own` when split).
+#[derive(Clone)]
+pub enum Keys {
+    /// Every position's keys and values.
+    Whole(Array, Array),
+    /// A question pass: the state's keys and values (batch 1, shared by
+    /// every row; `None` for an empty state) and each row's own, which
+    /// follow the state's positions.
+    Split {
+        shared: Option<KeyValues>,
+        own: KeyValues,
+    },
+}
+
+/// A layer's keys and values, `[batch, kv_heads, tokens, head_dim]` each.
+pub type KeyValues = (Array, Array);
+
+/// `prev ++ new` along the positions, or `new` alone.
+fn append(prev: Option<Array>, new: Array) -> MlxResult<Array> {
+    match prev {
+        Some(p) => profile::op(Class::Cache, 0.0, || Ok(ops::concatenate(&[&p, &new], 2)?)),
+        None => Ok(new),
+    }
+}
+
 /// Keys and values of one attention layer, `[batch, kv_heads, tokens, head_dim]`.
 #[derive(Clone, Default)]
 pub struct KvCache {
     keys: Option<Array>,
     values: Option<Array>,
     offset: usize,
+    /// In a question cache, the state's keys and values; `keys` and
+    /// `values` then hold the rows' own.
+    shared: Option<KeyValues>,
+    questions: bool,
 }
 
 impl KvCache {
@@ -25,24 +64,59 @@ impl KvCache {
         self.offset
     }
 
-    /// Appends `keys`/`values` for new positions and returns all of them.
-    pub fn update_and_fetch(&mut self, keys: Array, values: Array) -> MlxResult<(Array, Array)> {
-        let added = keys.shape()[2] as usize;
-        let (k, v) = match (self.keys.take(), self.values.take()) {
-            (Some(pk), Some(pv)) => (
-                profile::op(Class::Cache, 0.0, || {
-                    Ok(ops::concatenate(&[&pk, &keys], 2)?)
-                })?,
-                profile::op(Class::Cache, 0.0, || {
-                    Ok(ops::concatenate(&[&pv, &values], 2)?)
-                })?,
-            ),
-            _ => (keys, values),
+    /// A question cache on this state: its keys shared, none of its own.
+    fn for_questions(&self) -> Self {
+        KvCache {
+            keys: None,
+            values: None,
+            offset: self.offset,
+            shared: self.keys.clone().zip(self.values.clone()),
+            questions: true,
+        }
+    }
+
+    /// A question cache of one row made whole again: the state's keys and
+    /// the row's, as a continuation of the state would hold them.
+    fn merged(self) -> MlxResult<Self> {
+        if !self.questions {
+            return Ok(self);
+        }
+        let (own_k, own_v) = (self.keys, self.values);
+        let (keys, values) = match (self.shared, own_k, own_v) {
+            (Some((sk, sv)), Some(k), Some(v)) => (append(Some(sk), k)?, append(Some(sv), v)?),
+            (Some((sk, sv)), _, _) => (sk, sv),
+            (None, k, v) => match (k, v) {
+                (Some(k), Some(v)) => (k, v),
+                _ => return Ok(KvCache::default()),
+            },
         };
+        Ok(KvCache {
+            keys: Some(keys),
+            values: Some(values),
+            offset: self.offset,
+            shared: None,
+            questions: false,
+        })
+    }
+
+    /// Appends `keys`/`values` for new positions and returns what the new
+    /// queries attend to: every position, or in a question cache the
+    /// state's and the rows' own.
+    pub fn update_and_fetch(&mut self, keys: Array, values: Array) -> MlxResult<Keys> {
+        let added = keys.shape()[2] as usize;
+        let k = append(self.keys.take(), keys)?;
+        let v = append(self.values.take(), values)?;
         self.keys = Some(k.clone());
         self.values = Some(v.clone());
         self.offset += added;
-        Ok((k, v))
+        Ok(if self.questions {
+            Keys::Split {
+                shared: self.shared.clone(),
+                own: (k, v),
+            }
+        } else {
+            Keys::Whole(k, v)
+        })
     }
 
     /// Arrays to evaluate so that the cache holds computed data.
@@ -50,7 +124,8 @@ impl KvCache {
         self.keys.iter().chain(self.values.iter())
     }
 
-    /// Bytes held.
+    /// Bytes held (a question cache's own only: the state's are the
+    /// state's).
     pub fn nbytes(&self) -> usize {
         self.arrays().map(Array::nbytes).sum()
     }
@@ -84,6 +159,10 @@ pub struct WindowCache {
     idx: usize,
     offset: usize,
     window: usize,
+    /// In a question cache: the state's cache and the positions of it the
+    /// rows may see (its last `window - 1`, in temporal order); `keys` and
+    /// `values` then hold the rows' own, all of them.
+    state: Option<Box<(WindowCache, Option<KeyValues>)>>,
 }
 
 impl WindowCache {
@@ -95,7 +174,40 @@ impl WindowCache {
             idx: 0,
             offset: 0,
             window: window.max(1),
+            state: None,
         }
+    }
+
+    /// A question cache on this state.
+    fn for_questions(&self) -> MlxResult<Self> {
+        let visible = match (&self.keys, &self.values) {
+            (Some(k), Some(v)) => Some((
+                self.last(&self.temporal(k)?, self.window - 1),
+                self.last(&self.temporal(v)?, self.window - 1),
+            )),
+            _ => None,
+        };
+        Ok(WindowCache {
+            keys: None,
+            values: None,
+            idx: 0,
+            offset: self.offset,
+            window: self.window,
+            state: Some(Box::new((self.clone(), visible))),
+        })
+    }
+
+    /// A question cache of one row made whole again: the state's cache
+    /// continued by the row's positions, as a continuation computes it.
+    fn merged(self) -> MlxResult<Self> {
+        let Some(state) = self.state else {
+            return Ok(self);
+        };
+        let (mut cache, _) = *state;
+        if let (Some(k), Some(v)) = (self.keys, self.values) {
+            cache.update_and_fetch(k, v)?;
+        }
+        Ok(cache)
     }
 
     /// Tokens seen (not held: at most `window` are kept).
@@ -116,8 +228,19 @@ impl WindowCache {
     /// Appends `keys`/`values` for new positions and returns the positions
     /// the new queries attend to (see the type's description for the
     /// layout).
-    pub fn update_and_fetch(&mut self, keys: Array, values: Array) -> MlxResult<(Array, Array)> {
+    pub fn update_and_fetch(&mut self, keys: Array, values: Array) -> MlxResult<Keys> {
         let added = keys.shape()[2] as usize;
+        if let Some(state) = &self.state {
+            let k = append(self.keys.take(), keys)?;
+            let v = append(self.values.take(), values)?;
+            self.keys = Some(k.clone());
+            self.values = Some(v.clone());
+            self.offset += added;
+            return Ok(Keys::Split {
+                shared: state.1.clone(),
+                own: (k, v),
+            });
+        }
         let out = match (self.keys.take(), self.values.take()) {
             (Some(pk), Some(pv)) if added == 1 => self.write_one(pk, pv, keys, values)?,
             (Some(pk), Some(pv)) => {
@@ -135,7 +258,7 @@ impl WindowCache {
             }
         };
         self.offset += added;
-        Ok(out)
+        Ok(Keys::Whole(out.0, out.1))
     }
 
     /// One new position into a buffer of earlier ones.
@@ -232,6 +355,22 @@ pub struct DeltaCache {
 }
 
 impl DeltaCache {
+    /// `rows` copies of this state, one per row of a question pass.
+    fn for_questions(&self, rows: i32) -> MlxResult<Self> {
+        let tile = |a: &Array| -> MlxResult<Array> {
+            if rows == 1 {
+                return Ok(a.clone());
+            }
+            let mut reps = vec![1; a.ndim()];
+            reps[0] = rows;
+            Ok(ops::tile(a, &reps)?)
+        };
+        Ok(DeltaCache {
+            conv: self.conv.as_ref().map(tile).transpose()?,
+            state: self.state.as_ref().map(tile).transpose()?,
+        })
+    }
+
     /// Arrays to evaluate so that the cache holds computed data.
     pub fn arrays(&self) -> impl Iterator<Item = &Array> {
         self.conv.iter().chain(self.state.iter())
@@ -320,6 +459,48 @@ impl ModelCache {
 
     pub fn nbytes(&self) -> usize {
         self.layers.iter().map(LayerCache::nbytes).sum()
+    }
+
+    /// A question cache on this state for a pass of `rows` rows: every
+    /// row continues the state from its position, attention layers share
+    /// the state's keys and values (never copied), recurrent layers give
+    /// each row the state's recurrent state.
+    pub fn for_questions(&self, rows: usize) -> MlxResult<Self> {
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| {
+                Ok(match l {
+                    LayerCache::Kv(c) => LayerCache::Kv(c.for_questions()),
+                    LayerCache::Window(c) => LayerCache::Window(c.for_questions()?),
+                    LayerCache::Delta(c) => LayerCache::Delta(c.for_questions(rows as i32)?),
+                })
+            })
+            .collect::<MlxResult<Vec<_>>>()?;
+        Ok(ModelCache {
+            layers,
+            offset: self.offset,
+        })
+    }
+
+    /// A question cache of one row made whole again, so that generation
+    /// continues from it as from a prefilled prompt.
+    pub fn merged(self) -> MlxResult<Self> {
+        let layers = self
+            .layers
+            .into_iter()
+            .map(|l| {
+                Ok(match l {
+                    LayerCache::Kv(c) => LayerCache::Kv(c.merged()?),
+                    LayerCache::Window(c) => LayerCache::Window(c.merged()?),
+                    d @ LayerCache::Delta(_) => d,
+                })
+            })
+            .collect::<MlxResult<Vec<_>>>()?;
+        Ok(ModelCache {
+            layers,
+            offset: self.offset,
+        })
     }
 
     /// Evaluates every array so a snapshot holds data, not a pending graph.

@@ -3,47 +3,30 @@
 //! (decisions, completions, embeddings), keeping prefilled states in the
 //! prefix cache.
 
+use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use mlx_rs::{ops, Array};
 use tokio::sync::{mpsc, oneshot};
 
 use super::cache::ModelCache;
 use super::error::{MlxError, MlxResult};
-use super::kept::{answer_key, prompt_key, Kept, PromptIndex, Snapshot};
+use super::kept::{prompt_key, Kept, PromptIndex, Snapshot};
 use super::model::MlxModel;
-use super::options::{Device, LoadOptions};
+use super::options::{Device, MlxOptions};
+use super::passes::{joins, score_group};
 use super::sample::{self, Rng};
 use super::{loader, memory};
 use crate::engine::prefix_cache::PrefixCache;
 use crate::engine::{
     Capabilities, EmbedReceiver, Engine, EngineError, EngineStatus, FinishReason, GenerateEvent,
-    GenerateRequest, GenerateStream, ModelInfo, PadPolicy, QuestionScore, ScoreReceiver,
-    ScoreRequest, ScoreResult, TokenLogprobs,
+    GenerateRequest, GenerateStream, ModelInfo, PadPolicy, ScoreReceiver, ScoreRequest,
+    ScoreResult, TokenLogprobs,
 };
 use crate::metrics::Metrics;
 use crate::model_config;
-
-/// Settings of the engine thread.
-#[derive(Clone, Debug)]
-pub struct MlxOptions {
-    pub load: LoadOptions,
-    /// Budget of the prefix cache in MiB (0 turns it off).
-    pub prefix_cache_mib: u64,
-    pub metrics: Arc<Metrics>,
-    /// Jobs that may wait; one more is refused.
-    pub max_queue: usize,
-    /// Prompt tokens per forward pass while reading a prompt.
-    pub prefill_chunk: usize,
-    /// Answers remembered with each cached state.
-    pub answers_per_state: usize,
-    /// How states are padded (`none` unless asked: MLX's cache needs no
-    /// blocks; `block` makes prompts equal to a vLLM backend's).
-    pub padding: PadPolicy,
-}
 
 enum Job {
     Generate {
@@ -229,7 +212,11 @@ fn engine_thread(
     let prefix_cache: PrefixCache<Snapshot> =
         PrefixCache::new(options.prefix_cache_mib, options.metrics.clone());
     let mut prompts = PromptIndex::default();
-    while let Some(job) = jobs.blocking_recv() {
+    // Jobs taken off the channel to look for work on the same state, in
+    // their order of arrival.
+    let mut pending: VecDeque<Job> = VecDeque::new();
+    while let Some(job) = pending.pop_front().or_else(|| jobs.blocking_recv()) {
+        let mut done = 1;
         match job {
             Job::Generate { request, events } => {
                 let kept = Kept {
@@ -241,16 +228,24 @@ fn engine_thread(
                 }
             }
             Job::Score { request, reply } => {
-                if !reply.is_closed() {
-                    let result = score(&model, &options, &prefix_cache, &request)
-                        .map_err(|e| EngineError::Model(e.to_string()));
-                    if request.cache
-                        && result.is_ok()
-                        && prefix_cache.peek(&request.state).is_some()
-                    {
-                        prompts.record(&request.prefix, request.state);
+                // Scoring jobs already waiting on the same state join this
+                // one: their questions are read in the same passes.
+                while let Ok(job) = jobs.try_recv() {
+                    pending.push_back(job);
+                }
+                let mut group = vec![(request, reply)];
+                for job in std::mem::take(&mut pending) {
+                    match job {
+                        Job::Score { request, reply } if joins(&group[0].0, &request) => {
+                            group.push((request, reply))
+                        }
+                        other => pending.push_back(other),
                     }
-                    let _ = reply.send(result);
+                }
+                done = group.len();
+                group.retain(|(_, reply)| !reply.is_closed());
+                if !group.is_empty() {
+                    score_group(&model, &options, &prefix_cache, &mut prompts, group);
                 }
             }
             Job::Embed { inputs, reply } => {
@@ -277,7 +272,7 @@ fn engine_thread(
                 }
             }
         }
-        depth.fetch_sub(1, Ordering::Relaxed);
+        depth.fetch_sub(done, Ordering::Relaxed);
         export_memory(&options.metrics);
     }
 }
@@ -300,82 +295,6 @@ fn export_memory(metrics: &Metrics) {
     }
 }
 
-/// The state after `request.prefix`, from the prefix cache or computed (and
-/// offered to the cache), then each question as its own continuation of it.
-fn score(
-    model: &MlxModel,
-    options: &MlxOptions,
-    prefix_cache: &PrefixCache<Snapshot>,
-    request: &ScoreRequest,
-) -> MlxResult<ScoreResult> {
-    let found = if request.cache {
-        prefix_cache.get(&request.state)
-    } else {
-        None
-    };
-    let (snapshot, cached, new_state_seconds) = match found {
-        Some(snapshot) => (snapshot, true, None),
-        None => {
-            let started = Instant::now();
-            let mut cache = model.new_cache();
-            model.prefill(&request.prefix, &mut cache, options.prefill_chunk)?;
-            cache.eval()?;
-            // The prefill's scratch buffers go back to the system, not to
-            // MLX's cache (src/engine/mlx/memory.rs).
-            let _ = mlx_rs::memory::clear_cache();
-            let seconds = started.elapsed().as_secs_f64();
-            let room = options.answers_per_state * answer_bytes(model, request);
-            let snapshot = Arc::new(Snapshot::new(cache, room));
-            if request.cache {
-                options.metrics.new_state_seconds.observe(seconds);
-                prefix_cache.insert(request.state, snapshot.clone());
-            }
-            (snapshot, false, Some(seconds))
-        }
-    };
-    let mut questions = Vec::with_capacity(request.questions.len());
-    for q in &request.questions {
-        let key = answer_key(q, request.hidden, request.hidden_layer);
-        if let Some(known) = lock(&snapshot.answers).get(&key) {
-            questions.push(QuestionScore {
-                seconds: 0.0,
-                memoised: true,
-                ..known.clone()
-            });
-            continue;
-        }
-        let started = Instant::now();
-        let mut cache = snapshot.cache.clone();
-        let tap = request.hidden_layer.filter(|_| request.hidden);
-        let reading = model.read_question(
-            &q.suffix,
-            &mut cache,
-            options.prefill_chunk,
-            &q.read,
-            request.hidden,
-            tap,
-        )?;
-        let score = QuestionScore {
-            logits: reading.logits,
-            logprobs: reading.logprobs,
-            hidden: reading.hidden,
-            seconds: started.elapsed().as_secs_f64(),
-            memoised: false,
-        };
-        let mut answers = lock(&snapshot.answers);
-        if answers.len() < options.answers_per_state {
-            answers.insert(key, score.clone());
-        }
-        drop(answers);
-        questions.push(score);
-    }
-    Ok(ScoreResult {
-        cached,
-        new_state_seconds,
-        questions,
-    })
-}
-
 /// The final norm's output at the last position of `ids`, as float32: the
 /// prompt is continued from the longest kept prompt it extends (as a
 /// decision's question continues its state) or prefilled from position 0
@@ -392,25 +311,6 @@ fn embed_one(
     let v = ops::reshape(last.as_type::<f32>()?, &[-1])?;
     v.eval()?;
     Ok(v.as_slice::<f32>().to_vec())
-}
-
-/// Room one remembered answer takes: the logits and log-probabilities of
-/// the ids read (26 letters, or more if a request reads more), a hidden
-/// state, the key and the map's own share.
-fn answer_bytes(model: &MlxModel, request: &ScoreRequest) -> usize {
-    let read = request
-        .questions
-        .iter()
-        .map(|q| q.read.len())
-        .max()
-        .unwrap_or(0);
-    read.max(26) * 8 + model.hidden_size() * 4 + 32 + 128
-}
-
-/// The guarded value, also after a panic elsewhere (the data stays valid:
-/// every writer inserts whole entries).
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Copies a `[.., V]` float32 array with one row out to the host.
@@ -448,16 +348,13 @@ fn prefill_prompt(
             Some((len, snapshot.cache.clone()))
         });
     let (last, cache) = match continued {
-        Some((len, mut cache)) => {
+        Some((len, cache)) => {
             tracing::debug!(
                 "completion of {} tokens continues a kept prompt of {len}",
                 prompt.len()
             );
-            // As a decision runs a question's suffix on its state.
-            let last = model
-                .run_chunked(&prompt[len..], &mut cache, options.prefill_chunk, None)?
-                .normed;
-            (last, cache)
+            // As a decision reads a question on its state.
+            model.continue_state(&cache, &prompt[len..], options.prefill_chunk)?
         }
         None => {
             tracing::debug!("completion of {} tokens: no kept prompt", prompt.len());

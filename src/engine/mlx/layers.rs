@@ -1,12 +1,12 @@
 //! The building blocks every architecture shares: linear layers (dense or
 //! MLX-affine-quantized), embeddings that double as the output projection,
-//! RMS norms, rotary embeddings, causal (and sliding-window) attention, the
+//! RMS norms, rotary embeddings (attention is `attention.rs`), the
 //! gated MLP, the decoder stack every architecture runs (embedding, blocks,
 //! final norm, logits), and the one rule for when decisio's host kernels
 //! stand in for MLX's ops. Each layer is built from a [`Weights`] view by
 //! its checkpoint name.
 
-use mlx_rs::fast::{self, ScaledDotProductAttentionMask};
+use mlx_rs::fast;
 use mlx_rs::{nn, ops, Array, Dtype};
 
 use super::cache::{LayerCache, ModelCache};
@@ -196,63 +196,6 @@ impl Rope {
                 freqs,
             } => fast::rope(x, *dims, *traditional, None, 1.0, offset as i32, freqs)?,
         })
-    }
-}
-
-/// Scaled dot-product attention of queries `q` (`[B, H, L, D]`, the last
-/// `L` of the `T` positions of `k` and `v`): each query sees the keys up to
-/// its own position and, with `window`, only the last `window` of those (a
-/// single query sees every key it is given). The host kernel computes it
-/// where [`HostKernels::apply`] says so and there is no window to cut.
-pub fn attention(
-    q: &Array,
-    k: &Array,
-    v: &Array,
-    scale: f32,
-    window: Option<usize>,
-    host: HostKernels,
-) -> MlxResult<Array> {
-    let (l, t) = (q.shape()[2] as usize, k.shape()[2] as usize);
-    let window = window.filter(|&w| l > 1 && t > w);
-    if host.apply(q) && window.is_none() {
-        return host::attention(q, k, v, scale, l > 1);
-    }
-    // MLX's fused attention: its products and softmax, as one.
-    let flops = 4.0 * profile::elements(q) * t as f64;
-    profile::op(Class::AttentionProducts, flops, || {
-        mlx_attention(q, k, v, scale, window)
-    })
-}
-
-fn mlx_attention(
-    q: &Array,
-    k: &Array,
-    v: &Array,
-    scale: f32,
-    window: Option<usize>,
-) -> MlxResult<Array> {
-    let (l, t) = (q.shape()[2] as usize, k.shape()[2] as usize);
-    let sdpa = |mask| -> MlxResult<Array> {
-        Ok(fast::scaled_dot_product_attention(
-            q, k, v, scale, mask, None,
-        )?)
-    };
-    match window {
-        _ if l == 1 => sdpa(None),
-        Some(w) => {
-            // Query i is at key position t - l + i.
-            let rows = ops::add(
-                &ops::arange::<_, i32>(0, l as i32, 1)?,
-                Array::from_int((t - l) as i32),
-            )?;
-            let rows = ops::expand_dims(&rows, 1)?;
-            let cols = ops::expand_dims(&ops::arange::<_, i32>(0, t as i32, 1)?, 0)?;
-            let causal = ops::ge(&rows, &cols)?;
-            let near = ops::lt(&rows, &ops::add(&cols, Array::from_int(w as i32))?)?;
-            let mask = ops::logical_and(&causal, &near)?;
-            sdpa(Some(ScaledDotProductAttentionMask::Array(&mask)))
-        }
-        None => sdpa(Some(ScaledDotProductAttentionMask::Causal)),
     }
 }
 
@@ -539,7 +482,7 @@ pub struct LastHidden {
 /// Runs decoder blocks over `h`: `block(i, item, h)` for each of `items`
 /// (a block and what it reads, such as its cache), in order. Returns the
 /// last block's output and, when `tap` names a block, that block's output
-/// at the last position.
+/// at every position.
 pub fn run_blocks<T>(
     items: impl IntoIterator<Item = T>,
     mut h: Array,
@@ -550,7 +493,7 @@ pub fn run_blocks<T>(
     for (i, item) in items.into_iter().enumerate() {
         h = block(i, item, &h)?;
         if tap == Some(i) {
-            tapped = Some(last_position(&h)?);
+            tapped = Some(h.clone());
         }
     }
     Ok((h, tapped))
@@ -626,13 +569,19 @@ impl<B> DecoderStack<B> {
 }
 
 impl<B: Block> DecoderStack<B> {
-    /// Runs `tokens` (`[1, L]`), extending every layer's cache; the final
-    /// hidden states of every position.
-    pub fn hidden(&self, tokens: &Array, cache: &mut ModelCache) -> MlxResult<Array> {
+    /// Runs `tokens` (`[B, L]`), extending every layer's cache; the final
+    /// hidden states of every position, and block `tap`'s output at every
+    /// position.
+    pub fn hidden(
+        &self,
+        tokens: &Array,
+        cache: &mut ModelCache,
+        tap: Option<usize>,
+    ) -> MlxResult<(Array, Option<Array>)> {
         let h = self.embed_tokens.forward(tokens)?;
         let layers = self.layers.iter().zip(cache.layers.iter_mut());
-        let (h, _) = run_blocks(layers, h, None, |_, (layer, c), h| layer.forward(h, c))?;
-        self.norm.forward(&h)
+        let (h, tapped) = run_blocks(layers, h, tap, |_, (layer, c), h| layer.forward(h, c))?;
+        Ok((self.norm.forward(&h)?, tapped))
     }
 
     /// The final hidden state of the last position, and block `tap`'s
@@ -657,7 +606,7 @@ impl<B: Block> DecoderStack<B> {
         })?;
         Ok(LastHidden {
             normed: self.norm.forward(&h)?,
-            tap: tapped,
+            tap: tapped.as_ref().map(last_position).transpose()?,
         })
     }
 }

@@ -11,10 +11,11 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::architecture::Architecture;
+use super::attention::attention;
 use super::cache::{KvCache, LayerCache, ModelCache};
 use super::layers::{
-    attention, last_position, residual, Activation, Block, DecoderStack, GatedMlp, HostKernels,
-    LastHidden, Linear, RmsNorm, Rope, RopeScaling,
+    last_position, residual, Activation, Block, DecoderStack, GatedMlp, HostKernels, LastHidden,
+    Linear, RmsNorm, Rope, RopeScaling,
 };
 use super::loader::Weights;
 use super::{MlxError, MlxResult};
@@ -144,8 +145,8 @@ impl Attention {
             .rope
             .forward(&q, offset + (x.shape()[1] - l) as usize)?;
         let k = self.rope.forward(&k, offset)?;
-        let (k, v) = cache.update_and_fetch(k, v)?;
-        let out = attention(&q, &k, &v, self.scale, None, self.host)?;
+        let keys = cache.update_and_fetch(k, v)?;
+        let out = attention(&q, &keys, self.scale, None, self.host)?;
         let out = ops::reshape(&out.transpose_axes(&[0, 2, 1, 3])?, &[b, l, -1])?;
         self.o_proj.forward(&out)
     }
@@ -241,8 +242,13 @@ impl Architecture for Model {
         self.stack.layers.len()
     }
 
-    fn hidden(&self, tokens: &Array, cache: &mut ModelCache) -> MlxResult<Array> {
-        self.stack.hidden(tokens, cache)
+    fn hidden(
+        &self,
+        tokens: &Array,
+        cache: &mut ModelCache,
+        tap: Option<usize>,
+    ) -> MlxResult<(Array, Option<Array>)> {
+        self.stack.hidden(tokens, cache, tap)
     }
 
     fn last_hidden(

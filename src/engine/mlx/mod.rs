@@ -12,8 +12,8 @@
 //! ids; a completion whose prompt starts with a kept prompt continues from
 //! its snapshot and runs only the rest. The prefix is then computed exactly
 //! as a decision computes its state (the same chunks from position 0) and
-//! the rest as a decision's suffix, so a token-id completion of a state
-//! and a question gives the same bits as the decision
+//! the rest as a decision's question (a pass of one row), so a token-id
+//! completion of a state and a question gives the same bits as the decision
 //! (`docs/design/vllm.md`, parity).
 //!
 //! The files, by job:
@@ -22,19 +22,22 @@
 //!   computes on), `architecture` (the [`Architecture`] seam), `model` (the
 //!   architectures by `model_type`, [`MlxModel`]'s forward passes), [`loader`] (the checkpoint's tensors
 //!   and quantization), [`layers`] (the blocks every architecture shares:
-//!   linear layers, norms, rope, attention, the gated MLP, the decoder
-//!   stack), [`switch`] (mixtures of experts), [`cache`] (per-layer
-//!   caches), [`delta`] (the gated delta rule);
+//!   linear layers, norms, rope, the gated MLP, the decoder stack),
+//!   [`attention`] (causal, sliding-window and split attention),
+//!   [`switch`] (mixtures of experts), [`cache`] (per-layer caches and
+//!   question caches), [`delta`] (the gated delta rule);
 //! - the architectures, one file each: [`llama`], [`qwen3_5`], [`gemma4`]
 //!   (its config beside it, in `gemma4/config.rs`);
 //! - the CPU: [`host`] (host kernels for MLX's slow CPU ops), [`profile`]
 //!   (where a pass spends its time), [`graph`] (op counts);
-//! - serving: `engine` (the engine thread and its jobs), `kept` (the
+//! - serving: `engine` (the engine thread and its jobs), `passes` (a
+//!   state's questions read in passes, and jobs merged), `kept` (the
 //!   prefix cache's snapshots and the index of kept prompts), [`sample`]
 //!   (choosing a token), [`memory`] (MLX's memory limits);
 //! - `error`: [`MlxError`].
 
 mod architecture;
+pub mod attention;
 pub mod cache;
 pub mod delta;
 mod engine;
@@ -49,14 +52,16 @@ pub mod loader;
 pub mod memory;
 mod model;
 mod options;
+mod passes;
 pub mod profile;
 pub mod qwen3_5;
 pub mod sample;
 pub mod switch;
 
 pub use self::architecture::Architecture;
-pub use self::engine::{MlxEngine, MlxOptions};
+pub use self::engine::MlxEngine;
 pub use self::error::{MlxError, MlxResult};
 pub use self::layers::LastHidden;
 pub use self::model::{architectures, MlxModel, Reading};
+pub use self::options::MlxOptions;
 pub use self::options::{Device, LoadOptions};

@@ -34,7 +34,7 @@ pub fn architectures() -> impl Iterator<Item = &'static str> {
     LOADERS.iter().map(|(name, _)| *name)
 }
 
-/// What [`MlxModel::read_question`] reads at a question's last position.
+/// What [`MlxModel::read_questions`] reads at a question's last position.
 pub struct Reading {
     /// The float32 logits of the ids read.
     pub logits: Vec<f32>,
@@ -96,9 +96,177 @@ impl MlxModel {
     /// Final hidden states of `tokens` (`[1, L]`), extending `cache`.
     pub fn hidden(&self, tokens: &[u32], cache: &mut ModelCache) -> MlxResult<Array> {
         let ids = Array::from_slice(tokens, &[1, tokens.len() as i32]);
-        let h = self.arch.hidden(&ids, cache)?;
+        let (h, _) = self.arch.hidden(&ids, cache, None)?;
         cache.advance(tokens.len());
         Ok(h)
+    }
+
+    /// One pass of questions on a state (`state`, as prefilled): each of
+    /// `rows` a continuation of the state, all of them read together as
+    /// the rows of one batch on a question cache (the state's keys shared,
+    /// never copied per row), right-padded to the longest and run in
+    /// column chunks of at most `chunk` tokens. Returns each row's final
+    /// hidden state at its last token (`[B, D]`) and block `tap`'s there,
+    /// and the question cache after the pass.
+    pub fn read_rows(
+        &self,
+        state: &ModelCache,
+        rows: &[&[u32]],
+        chunk: usize,
+        tap: Option<usize>,
+    ) -> MlxResult<(LastHidden, ModelCache)> {
+        self.check_tap(tap)?;
+        if rows.is_empty() || rows.iter().any(|r| r.is_empty()) {
+            return Err(MlxError::Config(
+                "an empty question has no next token".into(),
+            ));
+        }
+        let b = rows.len();
+        let width = rows.iter().map(|r| r.len()).max().unwrap_or(0);
+        let mut cache = state.for_questions(b)?;
+        let chunk = chunk.max(1);
+        // Each row's last hidden states, picked in the chunk that holds
+        // its last token, in row order at the end.
+        let mut picked: Vec<Option<(Array, Option<Array>)>> = vec![None; b];
+        let mut start = 0;
+        while start < width {
+            let cols = chunk.min(width - start);
+            let mut ids = Vec::with_capacity(b * cols);
+            for r in rows {
+                // Right padding (token 0) past a row's end: no real token
+                // of the row attends to it.
+                ids.extend((start..start + cols).map(|c| r.get(c).copied().unwrap_or(0)));
+            }
+            let ids = Array::from_slice(&ids, &[b as i32, cols as i32]);
+            let (h, tapped) = self.arch.hidden(&ids, &mut cache, tap)?;
+            cache.advance(cols);
+            let ending: Vec<(usize, i32)> = rows
+                .iter()
+                .enumerate()
+                .filter(|(_, r)| (start..start + cols).contains(&(r.len() - 1)))
+                .map(|(i, r)| (i, (i * cols + r.len() - 1 - start) as i32))
+                .collect();
+            if !ending.is_empty() {
+                let at: Vec<i32> = ending.iter().map(|&(_, at)| at).collect();
+                let at = Array::from_slice(&at, &[at.len() as i32]);
+                let pick = |a: &Array| -> MlxResult<Array> {
+                    let flat = ops::reshape(a, &[(b * cols) as i32, -1])?;
+                    Ok(ops::indexing::take_axis(&flat, &at, 0)?)
+                };
+                let normed = pick(&h)?;
+                let tapped = tapped.as_ref().map(pick).transpose()?;
+                let mut arrays = vec![&normed];
+                arrays.extend(tapped.iter());
+                mlx_rs::transforms::eval(arrays)?;
+                for (n, &(row, _)) in ending.iter().enumerate() {
+                    let one = Array::from_slice(&[n as i32], &[1]);
+                    let take = |a: &Array| -> MlxResult<Array> {
+                        Ok(ops::indexing::take_axis(a, &one, 0)?)
+                    };
+                    picked[row] = Some((take(&normed)?, tapped.as_ref().map(take).transpose()?));
+                }
+            }
+            cache.eval()?;
+            start += cols;
+        }
+        let picked: Vec<(Array, Option<Array>)> = picked.into_iter().flatten().collect();
+        let normed: Vec<&Array> = picked.iter().map(|(n, _)| n).collect();
+        let normed = ops::concatenate(&normed, 0)?;
+        let tap = match tap {
+            Some(_) => {
+                let taps: Vec<&Array> = picked.iter().filter_map(|(_, t)| t.as_ref()).collect();
+                Some(ops::concatenate(&taps, 0)?)
+            }
+            None => None,
+        };
+        Ok((LastHidden { normed, tap }, cache))
+    }
+
+    /// `suffix` continuing the state `state` as a question does (a pass of
+    /// one row), and the caches after it made whole, so that a completion
+    /// continuing a kept prompt reads what a decision's question reads.
+    /// Returns the last position's final hidden state (`[1, 1, D]`).
+    pub fn continue_state(
+        &self,
+        state: &ModelCache,
+        suffix: &[u32],
+        chunk: usize,
+    ) -> MlxResult<(Array, ModelCache)> {
+        let (last, cache) = self.read_rows(state, &[suffix], chunk, None)?;
+        let d = last.normed.shape()[1];
+        Ok((ops::reshape(&last.normed, &[1, 1, d])?, cache.merged()?))
+    }
+
+    /// Questions on a state, read in one pass ([`MlxModel::read_rows`]):
+    /// for each, at its last position, the float32 logits of its ids
+    /// `reads[i]` and their log-probabilities over the vocabulary, and
+    /// with `hidden` the final norm's output (or block `tap`'s).
+    pub fn read_questions(
+        &self,
+        state: &ModelCache,
+        suffixes: &[&[u32]],
+        reads: &[&[u32]],
+        chunk: usize,
+        hidden: bool,
+        tap: Option<usize>,
+    ) -> MlxResult<Vec<Reading>> {
+        let tap = tap.filter(|_| hidden);
+        let (last, _) = self.read_rows(state, suffixes, chunk, tap)?;
+        let logits = self.logits(&last.normed)?.as_type::<f32>()?;
+        let v = logits.shape()[1];
+        let norm = ops::reshape(&ops::logsumexp_axis(&logits, -1, false)?, &[-1])?;
+        // Every row's ids in one gather from the flattened logits.
+        let mut at = Vec::new();
+        let mut row_of = Vec::new();
+        for (r, read) in reads.iter().enumerate() {
+            at.extend(read.iter().map(|&t| r as i32 * v + t as i32));
+            row_of.extend(std::iter::repeat_n(r as i32, read.len()));
+        }
+        let count = at.len() as i32;
+        let flat = ops::reshape(&logits, &[-1])?;
+        let picked = ops::indexing::take_axis(&flat, Array::from_slice(&at, &[count]), 0)?;
+        let norms = ops::indexing::take_axis(&norm, Array::from_slice(&row_of, &[count]), 0)?;
+        let logprobs = ops::subtract(&picked, &norms)?;
+        let hidden = hidden
+            .then(|| last.tap.as_ref().unwrap_or(&last.normed).as_type::<f32>())
+            .transpose()?;
+        let mut arrays = vec![&picked, &logprobs];
+        arrays.extend(hidden.iter());
+        // The cast, the vocabulary's log-normalisers and the letters' rows.
+        let flops = 4.0 * profile::elements(&logits);
+        profile::op(Class::Softmax, flops, || {
+            mlx_rs::transforms::eval(arrays)?;
+            Ok(picked.clone())
+        })?;
+        Ok(profile::host(Class::Transfers, 0.0, || {
+            let (picked, logprobs) = (picked.as_slice::<f32>(), logprobs.as_slice::<f32>());
+            let hidden = hidden.as_ref().map(|h| h.as_slice::<f32>());
+            let width = hidden.map_or(0, |h| h.len() / reads.len().max(1));
+            let mut from = 0;
+            reads
+                .iter()
+                .enumerate()
+                .map(|(r, read)| {
+                    let span = from..from + read.len();
+                    from += read.len();
+                    Reading {
+                        logits: picked[span.clone()].to_vec(),
+                        logprobs: logprobs[span].to_vec(),
+                        hidden: hidden.map(|h| h[r * width..(r + 1) * width].to_vec()),
+                    }
+                })
+                .collect()
+        }))
+    }
+
+    fn check_tap(&self, tap: Option<usize>) -> MlxResult<()> {
+        match tap.filter(|&t| t >= self.num_layers()) {
+            Some(t) => Err(MlxError::Config(format!(
+                "layer {t} does not exist: the model has {} blocks",
+                self.num_layers()
+            ))),
+            None => Ok(()),
+        }
     }
 
     /// Width of the hidden states.
@@ -125,12 +293,7 @@ impl MlxModel {
         cache: &mut ModelCache,
         tap: Option<usize>,
     ) -> MlxResult<LastHidden> {
-        if let Some(t) = tap.filter(|&t| t >= self.num_layers()) {
-            return Err(MlxError::Config(format!(
-                "layer {t} does not exist: the model has {} blocks",
-                self.num_layers()
-            )));
-        }
+        self.check_tap(tap)?;
         let ids = Array::from_slice(tokens, &[1, tokens.len() as i32]);
         let h = self.arch.last_hidden(&ids, cache, tap)?;
         cache.advance(tokens.len());
@@ -183,43 +346,18 @@ impl MlxModel {
         Err(MlxError::Config("an empty prompt has no next token".into()))
     }
 
-    /// A question on a state: `suffix` run from `cache` (the state's,
-    /// extended) in chunks of at most `chunk`, and at its last position the float32 logits of the ids
-    /// `read` and their log-probabilities over the vocabulary, and with
-    /// `hidden` the final norm's output (or block `tap`'s).
+    /// A question on a state: a pass of one ([`MlxModel::read_questions`]).
     pub fn read_question(
         &self,
         suffix: &[u32],
-        cache: &mut ModelCache,
+        cache: &ModelCache,
         chunk: usize,
         read: &[u32],
         hidden: bool,
         tap: Option<usize>,
     ) -> MlxResult<Reading> {
-        let taken = self.run_chunked(suffix, cache, chunk, tap)?;
-        let last = taken.normed;
-        let logits = ops::reshape(self.logits(&last)?.as_type::<f32>()?, &[-1])?;
-        let norm = ops::logsumexp(&logits, false)?;
-        let read: Vec<i32> = read.iter().map(|&t| t as i32).collect();
-        let picked =
-            ops::indexing::take_axis(&logits, Array::from_slice(&read, &[read.len() as i32]), 0)?;
-        let logprobs = ops::subtract(&picked, &norm)?;
-        let hidden = hidden
-            .then(|| ops::reshape(taken.tap.as_ref().unwrap_or(&last).as_type::<f32>()?, &[-1]))
-            .transpose()?;
-        let mut arrays = vec![&picked, &logprobs];
-        arrays.extend(hidden.iter());
-        // The cast, the vocabulary's log-normaliser and the letters' rows.
-        let flops = 4.0 * profile::elements(&logits);
-        profile::op(Class::Softmax, flops, || {
-            mlx_rs::transforms::eval(arrays)?;
-            Ok(picked.clone())
-        })?;
-        Ok(profile::host(Class::Transfers, 0.0, || Reading {
-            logits: picked.as_slice::<f32>().to_vec(),
-            logprobs: logprobs.as_slice::<f32>().to_vec(),
-            hidden: hidden.map(|h| h.as_slice::<f32>().to_vec()),
-        }))
+        let mut out = self.read_questions(cache, &[suffix], &[read], chunk, hidden, tap)?;
+        Ok(out.remove(0))
     }
 
     /// Float32 log-probabilities over the vocabulary from hidden states

@@ -1,6 +1,11 @@
 //! How a model is held and run: [`LoadOptions`], chosen for the [`Device`]
 //! MLX computes on (read at run time, so one build serves a Mac's GPU and a
-//! CPU alike).
+//! CPU alike), and the engine thread's settings ([`MlxOptions`]).
+
+use std::sync::Arc;
+
+use crate::engine::PadPolicy;
+use crate::metrics::Metrics;
 
 /// Token-expert pairs from which quantized experts sort them by expert, as
 /// mlx-lm's `SwitchGLU` does (a prefill chunk; a question's few tokens stay
@@ -100,4 +105,25 @@ mod tests {
             assert_eq!(Device::current(), Device::Cpu);
         }
     }
+}
+
+/// Settings of the engine thread.
+#[derive(Clone, Debug)]
+pub struct MlxOptions {
+    pub load: LoadOptions,
+    /// Budget of the prefix cache in MiB (0 turns it off).
+    pub prefix_cache_mib: u64,
+    pub metrics: Arc<Metrics>,
+    /// Jobs that may wait; one more is refused.
+    pub max_queue: usize,
+    /// Prompt tokens per forward pass while reading a prompt.
+    pub prefill_chunk: usize,
+    /// Question tokens per pass on a state, counted as rows times the
+    /// longest row ([`crate::settings::Limits::pass_tokens`]).
+    pub pass_tokens: usize,
+    /// Answers remembered with each cached state.
+    pub answers_per_state: usize,
+    /// How states are padded (`none` unless asked: MLX's cache needs no
+    /// blocks; `block` makes prompts equal to a vLLM backend's).
+    pub padding: PadPolicy,
 }

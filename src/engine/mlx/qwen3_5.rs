@@ -27,11 +27,12 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::architecture::Architecture;
+use super::attention::attention;
 use super::cache::{DeltaCache, KvCache, LayerCache, ModelCache};
 use super::delta;
 use super::layers::{
-    attention, last_position, Activation, Block, DecoderStack, GatedMlp, HostKernels, LastHidden,
-    Linear, RmsNorm, Rope, RopeScaling,
+    last_position, Activation, Block, DecoderStack, GatedMlp, HostKernels, LastHidden, Linear,
+    RmsNorm, Rope, RopeScaling,
 };
 use super::loader::Weights;
 use super::switch::SwitchGlu;
@@ -236,8 +237,8 @@ impl Attention {
         let offset = cache.offset();
         let queries = self.rope.forward(&queries, offset)?;
         let keys = self.rope.forward(&keys, offset)?;
-        let (keys, values) = cache.update_and_fetch(keys, values)?;
-        let out = attention(&queries, &keys, &values, self.scale, None, self.host)?;
+        let keys = cache.update_and_fetch(keys, values)?;
+        let out = attention(&queries, &keys, self.scale, None, self.host)?;
         let out = ops::reshape(&out.transpose_axes(&[0, 2, 1, 3])?, &[b, l, -1])?;
         self.o_proj
             .forward(&ops::multiply(&out, &ops::sigmoid(&gate)?)?)
@@ -595,8 +596,13 @@ impl Architecture for Model {
         self.stack.layers.len()
     }
 
-    fn hidden(&self, tokens: &Array, cache: &mut ModelCache) -> MlxResult<Array> {
-        self.stack.hidden(tokens, cache)
+    fn hidden(
+        &self,
+        tokens: &Array,
+        cache: &mut ModelCache,
+        tap: Option<usize>,
+    ) -> MlxResult<(Array, Option<Array>)> {
+        self.stack.hidden(tokens, cache, tap)
     }
 
     fn last_hidden(

@@ -49,10 +49,11 @@ pub use self::config::{Config, RopeParameters};
 
 use self::config::LayerType;
 use super::architecture::Architecture;
-use super::cache::{KvCache, LayerCache, ModelCache, WindowCache};
+use super::attention::attention;
+use super::cache::{Keys, KvCache, LayerCache, ModelCache, WindowCache};
 use super::layers::{
-    attention, gelu_approx, last_position, run_blocks, scalar, Activation, DecoderStack, Embedding,
-    GatedMlp, HostKernels, LastHidden, Linear, RmsNorm, Rope,
+    gelu_approx, last_position, run_blocks, scalar, Activation, DecoderStack, Embedding, GatedMlp,
+    HostKernels, LastHidden, Linear, RmsNorm, Rope,
 };
 use super::loader::Weights;
 use super::switch::SwitchGlu;
@@ -68,7 +69,7 @@ enum KvSource<'a> {
     /// Its own projections, appended to its cache.
     Own(&'a mut LayerCache),
     /// Those an earlier layer of its kind returned for this call.
-    Shared(&'a (Array, Array)),
+    Shared(&'a Keys),
 }
 
 /// The projections a layer with its own keys and values has.
@@ -141,12 +142,7 @@ impl Attention {
     /// Attention of every position of `x` (`[B, L, D]`) at positions from
     /// `offset`; returns the output and the keys and values attended to
     /// (for the layers that share them).
-    fn forward(
-        &self,
-        x: &Array,
-        offset: usize,
-        source: KvSource<'_>,
-    ) -> MlxResult<(Array, (Array, Array))> {
+    fn forward(&self, x: &Array, offset: usize, source: KvSource<'_>) -> MlxResult<(Array, Keys)> {
         let (b, l) = (x.shape()[0], x.shape()[1]);
         let q = ops::reshape(
             self.q_proj.forward(x)?,
@@ -154,7 +150,7 @@ impl Attention {
         )?;
         let q = self.q_norm.forward(&q)?.transpose_axes(&[0, 2, 1, 3])?;
         let q = self.rope.forward(&q, offset)?;
-        let (k, v) = match source {
+        let keys = match source {
             KvSource::Shared(kv) => kv.clone(),
             KvSource::Own(cache) => {
                 let p = self.kv.as_ref().ok_or_else(|| {
@@ -176,9 +172,9 @@ impl Attention {
             }
         };
         let window = (self.kind == LayerType::Sliding).then_some(self.window);
-        let out = attention(&q, &k, &v, 1.0, window, self.host)?;
+        let out = attention(&q, &keys, 1.0, window, self.host)?;
         let out = ops::reshape(&out.transpose_axes(&[0, 2, 1, 3])?, &[b, l, -1])?;
-        Ok((self.o_proj.forward(&out)?, (k, v)))
+        Ok((self.o_proj.forward(&out)?, keys))
     }
 }
 
@@ -310,7 +306,7 @@ impl DecoderLayer {
         offset: usize,
         source: KvSource<'_>,
         per_layer_input: Option<&Array>,
-    ) -> MlxResult<(Array, (Array, Array))> {
+    ) -> MlxResult<(Array, Keys)> {
         let (attn, kv) =
             self.self_attn
                 .forward(&self.input_layernorm.forward(x)?, offset, source)?;
@@ -480,7 +476,7 @@ impl Model {
                 "the cache was not made by this Gemma 4 model".into(),
             ));
         }
-        let mut kvs: Vec<Option<(Array, Array)>> = vec![None; self.stack.layers.len()];
+        let mut kvs: Vec<Option<Keys>> = vec![None; self.stack.layers.len()];
         run_blocks(&self.stack.layers, h, tap, |i, layer, h| {
             let source = match self.kv_from[i] {
                 Some(j) => KvSource::Shared(kvs[j].as_ref().ok_or_else(|| {
@@ -524,9 +520,14 @@ impl Architecture for Model {
         self.stack.layers.len()
     }
 
-    fn hidden(&self, tokens: &Array, cache: &mut ModelCache) -> MlxResult<Array> {
-        let (h, _) = self.blocks(tokens, cache, None)?;
-        self.stack.norm.forward(&h)
+    fn hidden(
+        &self,
+        tokens: &Array,
+        cache: &mut ModelCache,
+        tap: Option<usize>,
+    ) -> MlxResult<(Array, Option<Array>)> {
+        let (h, tapped) = self.blocks(tokens, cache, tap)?;
+        Ok((self.stack.norm.forward(&h)?, tapped))
     }
 
     fn last_hidden(
@@ -538,7 +539,7 @@ impl Architecture for Model {
         let (h, tapped) = self.blocks(tokens, cache, tap)?;
         Ok(LastHidden {
             normed: self.stack.norm.forward(&last_position(&h)?)?,
-            tap: tapped,
+            tap: tapped.as_ref().map(last_position).transpose()?,
         })
     }
 
