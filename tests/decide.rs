@@ -492,3 +492,48 @@ fn a_question_gets_the_same_bits_alone_among_others_reordered_and_merged() {
         assert_eq!(bits(got), want[i], "question {i} merged across clients");
     }
 }
+
+/// Turns between clients: while one client's request of 200 questions is
+/// read (many passes), another client's one question on another state is
+/// answered after at most a pass of the first's work per turn, not after
+/// all of it.
+#[test]
+fn a_small_request_is_not_held_behind_a_large_one() {
+    let s = Server::start(&["--prefix-cache-mb", "0"]);
+    let reference = reference();
+    let states = reference["states"].as_array().unwrap();
+    let many: Vec<Value> = states
+        .iter()
+        .flat_map(|st| st["questions"].as_array().unwrap().iter().map(question))
+        .take(200)
+        .collect();
+    assert_eq!(many.len(), 200);
+    let passes_before = metric(&s, "decisio_question_passes_total");
+    let (large, small, passes_then) = std::thread::scope(|scope| {
+        let large = scope.spawn(|| {
+            decide(&s, &json!({"state": states[0]["state"], "questions": many}));
+            std::time::Instant::now()
+        });
+        // The large request's passes have begun.
+        let started = std::time::Instant::now();
+        while metric(&s, "decisio_question_passes_total") < passes_before + 1.0 {
+            assert!(started.elapsed().as_secs() < 300, "no pass was read");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let one = json!({"state": states[1]["state"], "questions": [question(&states[1]["questions"][0])]});
+        decide(&s, &one);
+        let small = std::time::Instant::now();
+        let passes_then = metric(&s, "decisio_question_passes_total") - passes_before;
+        (large.join().unwrap(), small, passes_then)
+    });
+    let passes = metric(&s, "decisio_question_passes_total") - passes_before;
+    println!("the small request was answered after {passes_then} of {passes} passes");
+    assert!(
+        small < large,
+        "the small request waited for the whole large one"
+    );
+    assert!(
+        passes_then < passes - 5.0,
+        "{passes_then} of {passes} passes"
+    );
+}

@@ -16,7 +16,7 @@ use super::error::{MlxError, MlxResult};
 use super::kept::{prompt_key, Kept, PromptIndex, Snapshot};
 use super::model::MlxModel;
 use super::options::{Device, MlxOptions};
-use super::passes::{joins, score_group};
+use super::passes::{self, Scoring};
 use super::sample::{self, Rng};
 use super::{loader, memory};
 use crate::engine::prefix_cache::PrefixCache;
@@ -212,13 +212,40 @@ fn engine_thread(
     let prefix_cache: PrefixCache<Snapshot> =
         PrefixCache::new(options.prefix_cache_mib, options.metrics.clone());
     let mut prompts = PromptIndex::default();
-    // Jobs taken off the channel to look for work on the same state, in
-    // their order of arrival.
-    let mut pending: VecDeque<Job> = VecDeque::new();
-    while let Some(job) = pending.pop_front().or_else(|| jobs.blocking_recv()) {
-        let mut done = 1;
-        match job {
-            Job::Generate { request, events } => {
+    // The work in hand, taken in turns: a scoring job one step at a time
+    // (a chunk of its state or one pass of its questions, then it goes to
+    // the back), any other job whole.
+    let mut work: VecDeque<Work> = VecDeque::new();
+    loop {
+        if work.is_empty() {
+            match jobs.blocking_recv() {
+                Some(job) => work.push_back(Work::of(job)),
+                None => break,
+            }
+        }
+        while let Ok(job) = jobs.try_recv() {
+            admit(&mut work, job, &options);
+        }
+        let Some(item) = work.pop_front() else {
+            continue;
+        };
+        let done = match item {
+            Work::Scoring(mut scoring) => {
+                let mut e = passes::Engine {
+                    model: &model,
+                    options: &options,
+                    prefix_cache: &prefix_cache,
+                    prompts: &mut prompts,
+                };
+                match scoring.step(&mut e) {
+                    Some(n) => n,
+                    None => {
+                        work.push_back(Work::Scoring(scoring));
+                        0
+                    }
+                }
+            }
+            Work::Generate { request, events } => {
                 let kept = Kept {
                     cache: &prefix_cache,
                     index: &mut prompts,
@@ -226,55 +253,84 @@ fn engine_thread(
                 if let Err(e) = generate(&model, &options, kept, &request, &events) {
                     let _ = events.blocking_send(Err(EngineError::Model(e.to_string())));
                 }
+                1
             }
-            Job::Score { request, reply } => {
-                // Scoring jobs already waiting on the same state join this
-                // one: their questions are read in the same passes.
-                while let Ok(job) = jobs.try_recv() {
-                    pending.push_back(job);
-                }
-                let mut group = vec![(request, reply)];
-                for job in std::mem::take(&mut pending) {
-                    match job {
-                        Job::Score { request, reply } if joins(&group[0].0, &request) => {
-                            group.push((request, reply))
-                        }
-                        other => pending.push_back(other),
-                    }
-                }
-                done = group.len();
-                group.retain(|(_, reply)| !reply.is_closed());
-                if !group.is_empty() {
-                    score_group(&model, &options, &prefix_cache, &mut prompts, group);
-                }
-            }
-            Job::Embed { inputs, reply } => {
+            Work::Embed { inputs, reply } => {
                 if !reply.is_closed() {
-                    let mut out = Vec::with_capacity(inputs.len());
-                    let mut failed = None;
-                    for ids in &inputs {
-                        let kept = Kept {
-                            cache: &prefix_cache,
-                            index: &mut prompts,
-                        };
-                        match embed_one(&model, &options, kept, ids) {
-                            Ok(v) => out.push(v),
-                            Err(e) => {
-                                failed = Some(EngineError::Model(e.to_string()));
-                                break;
-                            }
-                        }
-                    }
-                    let _ = reply.send(match failed {
-                        Some(e) => Err(e),
-                        None => Ok(out),
-                    });
+                    let kept = Kept {
+                        cache: &prefix_cache,
+                        index: &mut prompts,
+                    };
+                    let _ = reply.send(embed_all(&model, &options, kept, &inputs));
                 }
+                1
             }
+        };
+        if done > 0 {
+            depth.fetch_sub(done, Ordering::Relaxed);
+            export_memory(&options.metrics);
         }
-        depth.fetch_sub(done, Ordering::Relaxed);
-        export_memory(&options.metrics);
     }
+}
+
+/// What the engine thread has in hand.
+enum Work {
+    Scoring(Scoring),
+    Generate {
+        request: GenerateRequest,
+        events: mpsc::Sender<Result<GenerateEvent, EngineError>>,
+    },
+    Embed {
+        inputs: Vec<Vec<u32>>,
+        reply: oneshot::Sender<Result<Vec<Vec<f32>>, EngineError>>,
+    },
+}
+
+impl Work {
+    fn of(job: Job) -> Self {
+        match job {
+            Job::Score { request, reply } => Work::Scoring(Scoring::new(request, reply)),
+            Job::Generate { request, events } => Work::Generate { request, events },
+            Job::Embed { inputs, reply } => Work::Embed { inputs, reply },
+        }
+    }
+}
+
+/// Takes a job in: a scoring job on a state that work in hand is scoring
+/// joins it (its questions read in the same passes); anything else waits
+/// its turn at the back.
+fn admit(work: &mut VecDeque<Work>, job: Job, options: &MlxOptions) {
+    if let Job::Score { request, reply } = job {
+        let same = work.iter_mut().find_map(|w| match w {
+            Work::Scoring(s) if s.joins(&request) => Some(s),
+            _ => None,
+        });
+        match same {
+            Some(scoring) => scoring.join(request, reply, options),
+            None => work.push_back(Work::Scoring(Scoring::new(request, reply))),
+        }
+        return;
+    }
+    work.push_back(Work::of(job));
+}
+
+/// The hidden states of an embedding job's inputs, in order.
+fn embed_all(
+    model: &MlxModel,
+    options: &MlxOptions,
+    kept: Kept<'_>,
+    inputs: &[Vec<u32>],
+) -> Result<Vec<Vec<f32>>, EngineError> {
+    inputs
+        .iter()
+        .map(|ids| {
+            let kept = Kept {
+                cache: kept.cache,
+                index: &mut *kept.index,
+            };
+            embed_one(model, options, kept, ids).map_err(|e| EngineError::Model(e.to_string()))
+        })
+        .collect()
 }
 
 /// MLX's memory figures as the `decisio_mlx_memory_bytes` gauges

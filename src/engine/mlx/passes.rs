@@ -1,14 +1,18 @@
-//! A state's questions read in passes: the state found in the prefix
-//! cache or prefilled, then its questions read together as the rows of as
-//! few passes as `--pass-tokens` allows ([`score`]); and scoring jobs of
-//! several clients on one state read in the same passes ([`score_group`]).
+//! Scoring jobs as work the engine thread interleaves: a state found in the
+//! prefix cache or read chunk by chunk, then its questions read together as
+//! the rows of as few passes as `--pass-tokens` allows; jobs of several
+//! clients on one state join one [`Scoring`] and share its passes. Each
+//! [`Scoring::step`] is one chunk of the state or one pass, so the engine
+//! thread can take turns between clients (`engine.rs`).
 //! `docs/design/mlx-backend.md`, "One pass for a state's questions".
 
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use tokio::sync::oneshot;
 
+use super::cache::ModelCache;
 use super::error::{MlxError, MlxResult};
 use super::kept::{answer_key, PromptIndex, Snapshot};
 use super::model::MlxModel;
@@ -16,153 +20,281 @@ use super::options::MlxOptions;
 use crate::engine::prefix_cache::PrefixCache;
 use crate::engine::{EngineError, QuestionScore, ScoreRequest, ScoreResult};
 
-/// Whether a scoring job can be read in the same passes as `first`: the
-/// same state, read and kept alike.
-pub(super) fn joins(first: &ScoreRequest, other: &ScoreRequest) -> bool {
-    first.state == other.state
-        && first.prefix == other.prefix
-        && first.hidden == other.hidden
-        && first.hidden_layer == other.hidden_layer
-        && first.cache == other.cache
+/// Where a scoring job's answer goes.
+pub(super) type Reply = oneshot::Sender<Result<ScoreResult, EngineError>>;
+
+/// What a step needs of the engine thread.
+pub(super) struct Engine<'a> {
+    pub model: &'a MlxModel,
+    pub options: &'a MlxOptions,
+    pub prefix_cache: &'a PrefixCache<Snapshot>,
+    pub prompts: &'a mut PromptIndex,
 }
 
-/// Scoring jobs on one state, from one client or several: their questions
-/// read as one request's ([`score`]: the state once, the questions in
-/// shared passes), each job answered with its own.
-pub(super) fn score_group(
-    model: &MlxModel,
-    options: &MlxOptions,
-    prefix_cache: &PrefixCache<Snapshot>,
-    prompts: &mut PromptIndex,
-    group: Vec<(
-        ScoreRequest,
-        oneshot::Sender<Result<ScoreResult, EngineError>>,
-    )>,
-) {
-    let mut merged = group[0].0.clone();
-    merged.questions = group
-        .iter()
-        .flat_map(|(r, _)| r.questions.iter().cloned())
-        .collect();
-    if group.len() > 1 {
-        options.metrics.merged_jobs.inc_by(group.len() as u64 - 1);
+/// Scoring jobs on one state, in progress: their questions are the merged
+/// request's, in the order the jobs joined.
+pub(super) struct Scoring {
+    request: ScoreRequest,
+    /// Each job: how many of the merged questions are its own, where its
+    /// answer goes, and whether it joined (its state then read for the
+    /// job it joined: to it, a state found, as a look-up of the prefix
+    /// cache finds one).
+    jobs: Vec<(usize, Reply, bool)>,
+    stage: Stage,
+}
+
+enum Stage {
+    /// The state is not read yet: the cache so far, the tokens read, and
+    /// when its reading began.
+    State {
+        cache: Option<ModelCache>,
+        read: usize,
+        started: Option<Instant>,
+    },
+    /// The state is read; its questions go in passes.
+    Questions(Questions),
+}
+
+struct Questions {
+    snapshot: Arc<Snapshot>,
+    cached: bool,
+    new_state_seconds: Option<f64>,
+    /// Each merged question's key among the state's remembered answers.
+    keys: Vec<[u8; 32]>,
+    out: Vec<Option<QuestionScore>>,
+    /// The passes still to read, as indices of merged questions.
+    passes: VecDeque<Vec<usize>>,
+}
+
+impl Scoring {
+    pub fn new(request: ScoreRequest, reply: Reply) -> Self {
+        let n = request.questions.len();
+        Scoring {
+            request,
+            jobs: vec![(n, reply, false)],
+            stage: Stage::State {
+                cache: None,
+                read: 0,
+                started: None,
+            },
+        }
     }
-    let result = score(model, options, prefix_cache, &merged);
-    if merged.cache && result.is_ok() && prefix_cache.peek(&merged.state).is_some() {
-        prompts.record(&merged.prefix, merged.state);
+
+    /// Whether `other` can be read in this one's passes: the same state,
+    /// read and kept alike.
+    pub fn joins(&self, other: &ScoreRequest) -> bool {
+        let first = &self.request;
+        first.state == other.state
+            && first.prefix == other.prefix
+            && first.hidden == other.hidden
+            && first.hidden_layer == other.hidden_layer
+            && first.cache == other.cache
     }
-    match result {
-        Ok(mut all) => {
-            let mut questions = all.questions.drain(..);
-            for (request, reply) in group {
-                let _ = reply.send(Ok(ScoreResult {
-                    cached: all.cached,
-                    new_state_seconds: all.new_state_seconds,
-                    questions: questions.by_ref().take(request.questions.len()).collect(),
-                }));
+
+    /// Adds a job on the same state ([`Scoring::joins`]); where the state
+    /// is read already, its questions are planned into passes at once.
+    pub fn join(&mut self, request: ScoreRequest, reply: Reply, options: &MlxOptions) {
+        options.metrics.merged_jobs.inc();
+        if self.request.cache {
+            options.metrics.prefix_cache_hits.inc();
+        }
+        let from = self.request.questions.len();
+        self.jobs.push((request.questions.len(), reply, true));
+        self.request.questions.extend(request.questions);
+        if let Stage::Questions(q) = &mut self.stage {
+            q.plan(&self.request, from, options);
+        }
+    }
+
+    /// One step: a chunk of the state, or one pass of questions. Returns
+    /// the jobs answered when the scoring ended (answered, failed, or
+    /// abandoned by every client), `None` while work remains.
+    pub fn step(&mut self, e: &mut Engine<'_>) -> Option<usize> {
+        if self.jobs.iter().all(|(_, reply, _)| reply.is_closed()) {
+            return Some(self.jobs.len());
+        }
+        match self.advance(e) {
+            Ok(false) => None,
+            Ok(true) => Some(self.answer()),
+            Err(err) => {
+                let n = self.jobs.len();
+                for (_, reply, _) in self.jobs.drain(..) {
+                    let _ = reply.send(Err(EngineError::Model(err.to_string())));
+                }
+                Some(n)
             }
         }
-        Err(e) => {
-            for (_, reply) in group {
-                let _ = reply.send(Err(EngineError::Model(e.to_string())));
+    }
+
+    /// Runs one step; true when every question is read.
+    fn advance(&mut self, e: &mut Engine<'_>) -> MlxResult<bool> {
+        let request = &self.request;
+        match &mut self.stage {
+            Stage::State {
+                cache,
+                read,
+                started,
+            } => {
+                if cache.is_none() {
+                    if let Some(snapshot) = request
+                        .cache
+                        .then(|| e.prefix_cache.get(&request.state))
+                        .flatten()
+                    {
+                        e.prompts.record(&request.prefix, request.state);
+                        self.stage = Stage::Questions(Questions::new(
+                            snapshot, true, None, request, e.options,
+                        ));
+                        return Ok(self.done());
+                    }
+                    if request.prefix.is_empty() {
+                        return Err(MlxError::Config("an empty prompt has no next token".into()));
+                    }
+                    *started = Some(Instant::now());
+                }
+                // One chunk, as `MlxModel::prefill` reads it.
+                let c = cache.get_or_insert_with(|| e.model.new_cache());
+                let chunk = e.options.prefill_chunk.max(1);
+                let end = (*read + chunk).min(request.prefix.len());
+                e.model.last_hidden(&request.prefix[*read..end], c)?;
+                c.eval()?;
+                *read = end;
+                if end < request.prefix.len() {
+                    return Ok(false);
+                }
+                // The prefill's scratch buffers go back to the system, not
+                // to MLX's cache (src/engine/mlx/memory.rs).
+                let _ = mlx_rs::memory::clear_cache();
+                let seconds = started.map_or(0.0, |s| s.elapsed().as_secs_f64());
+                let room = e.options.answers_per_state * answer_bytes(e.model, request);
+                let snapshot = Arc::new(Snapshot::new(cache.take().unwrap_or_default(), room));
+                if request.cache {
+                    e.options.metrics.new_state_seconds.observe(seconds);
+                    e.prefix_cache.insert(request.state, snapshot.clone());
+                    if e.prefix_cache.peek(&request.state).is_some() {
+                        e.prompts.record(&request.prefix, request.state);
+                    }
+                }
+                self.stage = Stage::Questions(Questions::new(
+                    snapshot,
+                    false,
+                    Some(seconds),
+                    request,
+                    e.options,
+                ));
+                Ok(self.done())
+            }
+            Stage::Questions(q) => {
+                q.read_pass(e.model, e.options, request)?;
+                Ok(q.passes.is_empty())
             }
         }
+    }
+
+    fn done(&self) -> bool {
+        matches!(&self.stage, Stage::Questions(q) if q.passes.is_empty())
+    }
+
+    /// Answers every job with its own questions; returns how many.
+    fn answer(&mut self) -> usize {
+        let Stage::Questions(q) = &mut self.stage else {
+            return 0;
+        };
+        let n = self.jobs.len();
+        let mut scores = q.finish().into_iter();
+        for (count, reply, joined) in self.jobs.drain(..) {
+            let mine: Option<Vec<QuestionScore>> = scores.by_ref().take(count).collect();
+            let _ = reply.send(match mine {
+                Some(questions) => Ok(ScoreResult {
+                    cached: q.cached || (joined && self.request.cache),
+                    new_state_seconds: q.new_state_seconds.filter(|_| !joined),
+                    questions,
+                }),
+                None => Err(EngineError::Model("a question was not read".into())),
+            });
+        }
+        n
     }
 }
 
-/// The state after `request.prefix`, from the prefix cache or computed (and
-/// offered to the cache), then every question read on it in passes
-/// ([`read_passes`]).
-fn score(
-    model: &MlxModel,
-    options: &MlxOptions,
-    prefix_cache: &PrefixCache<Snapshot>,
-    request: &ScoreRequest,
-) -> MlxResult<ScoreResult> {
-    let found = if request.cache {
-        prefix_cache.get(&request.state)
-    } else {
-        None
-    };
-    let (snapshot, cached, new_state_seconds) = match found {
-        Some(snapshot) => (snapshot, true, None),
-        None => {
-            let started = Instant::now();
-            let mut cache = model.new_cache();
-            model.prefill(&request.prefix, &mut cache, options.prefill_chunk)?;
-            cache.eval()?;
-            // The prefill's scratch buffers go back to the system, not to
-            // MLX's cache (src/engine/mlx/memory.rs).
-            let _ = mlx_rs::memory::clear_cache();
-            let seconds = started.elapsed().as_secs_f64();
-            let room = options.answers_per_state * answer_bytes(model, request);
-            let snapshot = Arc::new(Snapshot::new(cache, room));
-            if request.cache {
-                options.metrics.new_state_seconds.observe(seconds);
-                prefix_cache.insert(request.state, snapshot.clone());
-            }
-            (snapshot, false, Some(seconds))
-        }
-    };
-    let questions = read_passes(model, options, &snapshot, request)?;
-    Ok(ScoreResult {
-        cached,
-        new_state_seconds,
-        questions,
-    })
-}
+impl Questions {
+    fn new(
+        snapshot: Arc<Snapshot>,
+        cached: bool,
+        new_state_seconds: Option<f64>,
+        request: &ScoreRequest,
+        options: &MlxOptions,
+    ) -> Self {
+        let mut q = Questions {
+            snapshot,
+            cached,
+            new_state_seconds,
+            keys: Vec::new(),
+            out: Vec::new(),
+            passes: VecDeque::new(),
+        };
+        q.plan(request, 0, options);
+        q
+    }
 
-/// The questions of `request` on its state: those answered on it before
-/// from its remembered answers, each other one read once (a question asked
-/// twice in a request is read once), in passes of as many questions as
-/// [`MlxOptions::pass_tokens`] allows, counted as rows times the longest
-/// row (questions sorted by length, so rows of a pass are alike). A
-/// question's `seconds` is its share of its pass.
-fn read_passes(
-    model: &MlxModel,
-    options: &MlxOptions,
-    snapshot: &Snapshot,
-    request: &ScoreRequest,
-) -> MlxResult<Vec<QuestionScore>> {
-    let keys: Vec<[u8; 32]> = request
-        .questions
-        .iter()
-        .map(|q| answer_key(q, request.hidden, request.hidden_layer))
-        .collect();
-    let mut out: Vec<Option<QuestionScore>> = vec![None; keys.len()];
-    let mut todo: Vec<usize> = Vec::new();
-    {
-        let answers = lock(&snapshot.answers);
-        for (i, key) in keys.iter().enumerate() {
-            if let Some(known) = answers.get(key) {
-                out[i] = Some(QuestionScore {
+    /// Plans the merged questions from `from` on: those answered on the
+    /// state before come from its remembered answers, each other one is
+    /// read once (a question asked twice is read once), in passes of as
+    /// many questions as [`MlxOptions::pass_tokens`] allows, counted as
+    /// rows times the longest row (sorted by length, so the rows of a pass
+    /// are alike).
+    fn plan(&mut self, request: &ScoreRequest, from: usize, options: &MlxOptions) {
+        let added = &request.questions[from..];
+        self.keys.extend(
+            added
+                .iter()
+                .map(|q| answer_key(q, request.hidden, request.hidden_layer)),
+        );
+        self.out.resize(self.keys.len(), None);
+        let planned: Vec<[u8; 32]> = self
+            .passes
+            .iter()
+            .flatten()
+            .map(|&i| self.keys[i])
+            .collect();
+        let mut todo: Vec<usize> = Vec::new();
+        let answers = lock(&self.snapshot.answers);
+        for i in from..self.keys.len() {
+            let key = self.keys[i];
+            if let Some(known) = answers.get(&key) {
+                self.out[i] = Some(QuestionScore {
                     seconds: 0.0,
                     memoised: true,
                     ..known.clone()
                 });
-            } else if !todo.iter().any(|&j| keys[j] == *key) {
+            } else if !planned.contains(&key) && !todo.iter().any(|&j| self.keys[j] == key) {
                 todo.push(i);
             }
         }
+        drop(answers);
+        todo.sort_by_key(|&i| request.questions[i].suffix.len());
+        let len = |i: usize| request.questions[i].suffix.len();
+        self.passes
+            .extend(plan_passes(&todo, len, options.pass_tokens));
     }
-    todo.sort_by_key(|&i| request.questions[i].suffix.len());
-    let tap = request.hidden_layer.filter(|_| request.hidden);
-    for pass in plan_passes(
-        &todo,
-        |i| request.questions[i].suffix.len(),
-        options.pass_tokens,
-    ) {
+
+    /// Reads the next pass. A question's `seconds` is its share of it.
+    fn read_pass(
+        &mut self,
+        model: &MlxModel,
+        options: &MlxOptions,
+        request: &ScoreRequest,
+    ) -> MlxResult<()> {
+        let Some(pass) = self.passes.pop_front() else {
+            return Ok(());
+        };
         let started = Instant::now();
-        let suffixes: Vec<&[u32]> = pass
-            .iter()
-            .map(|&i| &request.questions[i].suffix[..])
-            .collect();
-        let reads: Vec<&[u32]> = pass
-            .iter()
-            .map(|&i| &request.questions[i].read[..])
-            .collect();
+        let asked = |i: &usize| &request.questions[*i];
+        let suffixes: Vec<&[u32]> = pass.iter().map(|i| &asked(i).suffix[..]).collect();
+        let reads: Vec<&[u32]> = pass.iter().map(|i| &asked(i).read[..]).collect();
+        let tap = request.hidden_layer.filter(|_| request.hidden);
         let readings = model.read_questions(
-            &snapshot.cache,
+            &self.snapshot.cache,
             &suffixes,
             &reads,
             options.prefill_chunk,
@@ -171,7 +303,7 @@ fn read_passes(
         )?;
         options.metrics.question_passes.inc();
         let seconds = started.elapsed().as_secs_f64() / pass.len() as f64;
-        let mut answers = lock(&snapshot.answers);
+        let mut answers = lock(&self.snapshot.answers);
         for (&i, reading) in pass.iter().zip(readings) {
             let score = QuestionScore {
                 logits: reading.logits,
@@ -181,27 +313,30 @@ fn read_passes(
                 memoised: false,
             };
             if answers.len() < options.answers_per_state {
-                answers.insert(keys[i], score.clone());
+                answers.insert(self.keys[i], score.clone());
             }
-            out[i] = Some(score);
+            self.out[i] = Some(score);
         }
+        Ok(())
     }
-    // A question asked again in the same request: the first one's scores.
-    for i in 0..out.len() {
-        if out[i].is_none() {
-            let first = (0..i).find(|&j| keys[j] == keys[i] && out[j].is_some());
-            out[i] = first
-                .and_then(|j| out[j].clone())
-                .map(|known| QuestionScore {
-                    seconds: 0.0,
-                    memoised: true,
-                    ..known
-                });
+
+    /// Every merged question's scores, in order: a question asked again
+    /// gets the first one's.
+    fn finish(&mut self) -> Vec<Option<QuestionScore>> {
+        for i in 0..self.out.len() {
+            if self.out[i].is_none() {
+                let first = (0..i).find(|&j| self.keys[j] == self.keys[i] && self.out[j].is_some());
+                self.out[i] = first
+                    .and_then(|j| self.out[j].clone())
+                    .map(|known| QuestionScore {
+                        seconds: 0.0,
+                        memoised: true,
+                        ..known
+                    });
+            }
         }
+        std::mem::take(&mut self.out)
     }
-    out.into_iter()
-        .map(|q| q.ok_or_else(|| MlxError::Config("a question was not read".into())))
-        .collect()
 }
 
 /// Splits `items` (in order) into passes: each as many items as keep its
