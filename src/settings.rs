@@ -16,6 +16,9 @@ pub struct Limits {
     /// (`MAX_LOGPROB_TOKEN_IDS` of `vllm/sampling_params.py`, 0.33.0), on
     /// both backends, so that the gateway refuses what an upstream would.
     pub max_logprob_token_ids: usize,
+    /// Most prompts in one `POST /v1/completions` (a list of prompts, each
+    /// answered as if sent alone).
+    pub max_completion_prompts: usize,
     /// Most stop sequences in one request.
     pub max_stop: usize,
     /// Longest stop sequence, in bytes.
@@ -63,6 +66,7 @@ impl Default for Limits {
             max_queue: 64,
             max_logprobs: 20,
             max_logprob_token_ids: 128,
+            max_completion_prompts: 1024,
             max_stop: 4,
             max_stop_bytes: 256,
             prefill_chunk: 256,
