@@ -33,14 +33,21 @@ use crate::engine::{EngineError, QuestionScore, ScoreRequest, ScoreResult};
 /// the same list put the state in its prefix cache just before it.
 pub struct SentStates {
     most: usize,
-    keys: Mutex<(HashSet<[u8; 32]>, VecDeque<[u8; 32]>)>,
+    keys: Mutex<Recent>,
+}
+
+/// State hashes, as a set and in the order they were sent.
+#[derive(Default)]
+struct Recent {
+    set: HashSet<[u8; 32]>,
+    order: VecDeque<[u8; 32]>,
 }
 
 impl SentStates {
     pub fn new(most: usize) -> Self {
         SentStates {
             most,
-            keys: Mutex::new((HashSet::new(), VecDeque::new())),
+            keys: Mutex::new(Recent::default()),
         }
     }
 
@@ -50,7 +57,7 @@ impl SentStates {
         let Ok(mut keys) = self.keys.lock() else {
             return false;
         };
-        let (set, order) = &mut *keys;
+        let Recent { set, order } = &mut *keys;
         if set.contains(&key) {
             return true;
         }
@@ -107,7 +114,7 @@ fn split(
 /// renormalise over the named set) the questions with the same letters.
 /// With the second of the pair: whether letters are read by token ids,
 /// at most [`MAX_LOGPROB_TOKEN_IDS`] a request.
-fn groups(inner: &Inner, request: &ScoreRequest) -> (Vec<(Vec<u32>, Vec<usize>)>, bool) {
+fn groups(inner: &Inner, request: &ScoreRequest) -> (Vec<Group>, bool) {
     let methods: Vec<LetterMethod> = inner
         .pool
         .upstreams
@@ -116,7 +123,7 @@ fn groups(inner: &Inner, request: &ScoreRequest) -> (Vec<(Vec<u32>, Vec<usize>)>
         .collect();
     let shared = !methods.contains(&LetterMethod::AllowedTokens);
     let by_ids = methods.iter().all(|m| *m == LetterMethod::TokenIds);
-    let mut out: Vec<(Vec<u32>, Vec<usize>)> = Vec::new();
+    let mut out: Vec<Group> = Vec::new();
     for (i, q) in request.questions.iter().enumerate() {
         if shared {
             if out.is_empty() {
@@ -137,6 +144,10 @@ fn groups(inner: &Inner, request: &ScoreRequest) -> (Vec<(Vec<u32>, Vec<usize>)>
     }
     (out, by_ids)
 }
+
+/// Questions that share list requests: the letters those name, and the
+/// questions' positions.
+type Group = (Vec<u32>, Vec<usize>);
 
 /// The choices of a list request's response, in the order of its prompts
 /// (by `index`, vLLM's position of the prompt).
