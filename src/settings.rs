@@ -16,6 +16,9 @@ pub struct Limits {
     /// (`MAX_LOGPROB_TOKEN_IDS` of `vllm/sampling_params.py`, 0.33.0), on
     /// both backends, so that the gateway refuses what an upstream would.
     pub max_logprob_token_ids: usize,
+    /// Most prompts in one `POST /v1/completions` (a list of prompts, each
+    /// answered as if sent alone).
+    pub max_completion_prompts: usize,
     /// Most stop sequences in one request.
     pub max_stop: usize,
     /// Longest stop sequence, in bytes.
@@ -67,6 +70,7 @@ impl Default for Limits {
             max_queue: 64,
             max_logprobs: 20,
             max_logprob_token_ids: 128,
+            max_completion_prompts: 1024,
             max_stop: 4,
             max_stop_bytes: 256,
             prefill_chunk: 256,
@@ -129,8 +133,23 @@ pub struct UpstreamLimits {
     pub backoff_ms: u64,
     /// Longest backoff, in milliseconds.
     pub max_backoff_ms: u64,
-    /// Questions of one request in flight at once (`warm` fan-out).
+    /// Upstream calls of one request in flight at once: a decision's list
+    /// requests (`warm`), a packed decision's teacher-forced reads, an
+    /// embeddings request's inputs.
     pub fan_out: usize,
+    /// The most prompt tokens (state and question, counted for every
+    /// prompt) one list request of a decision's questions carries; a
+    /// state's questions over it are split into several list requests,
+    /// sent at once. A question over it alone is sent alone.
+    pub batch_tokens: usize,
+    /// The most prompts (questions) one list request carries.
+    pub batch_prompts: usize,
+    /// States the gateway remembers having sent to its upstreams, most
+    /// recent first: a list request's cached-token count covers the state
+    /// whenever its earlier prompts put the state in the prefix cache, so a
+    /// state is taken as found cached only when it was sent before
+    /// (`docs/design/vllm.md`, "One request per state").
+    pub remembered_states: usize,
     /// The padding block when the upstream does not say its own.
     pub pad_block: usize,
     /// The largest unit of an upstream's prefix-cache hits that states are
@@ -158,6 +177,9 @@ impl Default for UpstreamLimits {
             backoff_ms: 50,
             max_backoff_ms: 1000,
             fan_out: 32,
+            batch_tokens: 32768,
+            batch_prompts: 64,
+            remembered_states: 65536,
             pad_block: 16,
             max_auto_pad_block: 64,
         }

@@ -298,6 +298,14 @@ fn the_described_limits_are_the_enforced_ones() {
             json!(limits.max_logprob_token_ids),
         ),
         (
+            format!("{s}/CompletionRequest/properties/prompt/oneOf/2/maxItems"),
+            json!(limits.max_completion_prompts),
+        ),
+        (
+            format!("{s}/CompletionRequest/properties/prompt/oneOf/3/maxItems"),
+            json!(limits.max_completion_prompts),
+        ),
+        (
             format!("{s}/ChatCompletionRequest/properties/top_logprobs/maximum"),
             json!(limits.max_logprobs),
         ),

@@ -192,17 +192,32 @@ fn answers_and_refuses_bad_input() {
     assert_eq!(e["code"], "context_length_exceeded");
     assert_eq!(e["param"], "prompt");
 
-    // Completions: token ids outside the vocabulary, batches.
+    // Completions: token ids outside the vocabulary, alone or in a list of
+    // prompts (refused before any is run), an empty prompt in a list, a
+    // list streamed.
     let e = error_of(
         &s.post_json("/v1/completions", &json!({"prompt": [1, 2, 999999]})),
         400,
     );
     assert_eq!(e["param"], "prompt");
     let e = error_of(
-        &s.post_json("/v1/completions", &json!({"prompt": ["a", "b"]})),
+        &s.post_json("/v1/completions", &json!({"prompt": [[1, 2], [999999]]})),
         400,
     );
     assert_eq!(e["param"], "prompt");
+    let e = error_of(
+        &s.post_json("/v1/completions", &json!({"prompt": ["a", ""]})),
+        400,
+    );
+    assert_eq!(e["param"], "prompt");
+    let e = error_of(
+        &s.post_json(
+            "/v1/completions",
+            &json!({"prompt": ["a", "b"], "stream": true}),
+        ),
+        400,
+    );
+    assert_eq!(e["param"], "stream");
 
     // The limits a vLLM upstream imposes hold on this backend too
     // (docs/limits.md): one contract for both. Just beyond each, a 400

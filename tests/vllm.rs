@@ -10,24 +10,8 @@ mod common;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::Server;
+use common::{reference_decisions as reference, reference_questions as questions, Server};
 use serde_json::{json, Value};
-
-/// States and questions built from MMLU by scripts/reference/decisions.py.
-fn reference() -> Value {
-    let text = std::fs::read_to_string(common::reference_file("decisions.json")).unwrap();
-    serde_json::from_str(&text).unwrap()
-}
-
-fn questions(st: &Value, n: usize) -> Vec<Value> {
-    st["questions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .take(n)
-        .map(|q| json!({"text": q["text"], "options": q["options"]}))
-        .collect()
-}
 
 fn decide(s: &Server, body: &Value) -> Value {
     let r = s.post_json("/v1/decide", body);
@@ -106,27 +90,39 @@ fn parity_questions() -> usize {
 /// completion prefilled and continues later prompts from it, as vLLM's
 /// prefix cache does, so the question's suffix runs on the same state
 /// computed the same way as on the MLX backend directly. Half the states go
-/// through the gateway first (the upstream keeps the state from warm mode's
-/// state-only request), half to the MLX gateway first.
+/// through the gateway first (the upstream keeps the state from the list
+/// request's first prompt), half to the MLX gateway first.
 #[test]
 fn parity_with_the_mlx_backend_over_mmlu_questions() {
     let mlx = Server::start(&[]);
     // The upstream runs one question at a time; on a loaded machine the
     // last of ten fanned-out questions may wait longer than the default
     // 60 s scoring timeout.
+    // No health checks: the gateway's count of upstream requests is then
+    // the decisions' own.
     let vllm = gateway(
         &[&mlx],
-        &["--pad-policy", "none", "--upstream-timeout", "600"],
+        &[
+            "--pad-policy",
+            "none",
+            "--upstream-timeout",
+            "600",
+            "--health-interval",
+            "3600",
+        ],
     );
     let reference = reference();
     let started = Instant::now();
     let want = parity_questions();
-    let (mut count, mut worst) = (0, 0.0f64);
+    let ok = |s: &Server| metric(s, "decisio_upstream_requests_total", "outcome=\"ok\"");
+    let before = ok(&vllm);
+    let (mut count, mut worst, mut states) = (0, 0.0f64, 0.0);
     for (i, st) in reference["states"].as_array().unwrap().iter().enumerate() {
         if count >= want {
             break;
         }
         let body = json!({"state": st["state"], "questions": questions(st, 10)});
+        states += 1.0;
         let (direct, through) = if i % 2 == 0 {
             let through = decide(&vllm, &body);
             (decide(&mlx, &body), through)
@@ -155,8 +151,13 @@ fn parity_with_the_mlx_backend_over_mmlu_questions() {
         started.elapsed().as_secs_f64()
     );
     assert!(count >= want.min(200), "only {count} questions");
-    // Warm mode sent one completion per question, all to the one upstream.
-    assert!(metric(&vllm, "decisio_upstream_requests_total", "outcome=\"ok\"") >= count as f64);
+    // Warm mode sent one list request per state (its 10 questions), all to
+    // the one upstream.
+    assert_eq!(
+        ok(&vllm) - before,
+        states,
+        "upstream requests for {states} states"
+    );
 }
 
 #[test]

@@ -4,6 +4,8 @@
 //! recorded shapes, here against the server itself: the start-up probe and
 //! the letters read by `logprob_token_ids`, the prefix cache's blocks (32
 //! and the CPU default 128) in `state.cached` and the cached-token counts,
+//! a decision's questions on one state as one list request (timed against
+//! one completion per question),
 //! images refused by a text-only model, errors as OpenAI errors, and the
 //! model found from `/v1/models` alone; parity with the MLX backend on
 //! the same prompts (two engines and two kernels: close, not bit for bit);
@@ -216,6 +218,24 @@ fn kl(p: &serde_json::Map<String, Value>, q: &serde_json::Map<String, Value>) ->
         .sum()
 }
 
+/// Two decisions' answers: the same letters, the probabilities within a KL
+/// divergence of 1e-4 (`what` names the two).
+fn assert_close(a: &Value, b: &Value, what: &str) {
+    for (x, y) in a["answers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(b["answers"].as_array().unwrap())
+    {
+        assert_eq!(x["letter"], y["letter"]);
+        let d = kl(
+            x["probabilities"].as_object().unwrap(),
+            y["probabilities"].as_object().unwrap(),
+        );
+        assert!(d <= 1e-4, "KL {d} between {what}");
+    }
+}
+
 #[test]
 fn decisions_and_the_wire_agree_with_the_mlx_backend() {
     let _one = one_at_a_time();
@@ -237,19 +257,7 @@ fn decisions_and_the_wire_agree_with_the_mlx_backend() {
         ok(mlx.post_json("/v1/decide", &decide)),
         ok(gw.post_json("/v1/decide", &decide)),
     );
-    for (x, y) in a["answers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .zip(b["answers"].as_array().unwrap())
-    {
-        assert_eq!(x["letter"], y["letter"]);
-        let d = kl(
-            x["probabilities"].as_object().unwrap(),
-            y["probabilities"].as_object().unwrap(),
-        );
-        assert!(d <= 1e-4, "KL {d} between MLX and a real vLLM");
-    }
+    assert_close(&a, &b, "MLX and a real vLLM");
     let (a, b) = (
         ok(mlx.post_json("/v1/systemone", &wire)),
         ok(gw.post_json("/v1/systemone", &wire)),
@@ -511,4 +519,67 @@ fn a_certified_task_with_sets_and_an_abstention_task_register_through_a_real_vll
         "{t}"
     );
     assert_eq!(answer(&gw)["x_certificate"], cert["id"]);
+}
+
+/// The gateway's count of upstream requests answered.
+fn upstream_requests(s: &Server) -> f64 {
+    metric(s, "decisio_upstream_requests_total", "outcome=\"ok\"")
+}
+
+#[test]
+fn a_decision_s_questions_are_one_list_request_to_a_real_vllm() {
+    let _one = one_at_a_time();
+    let v = vllm::shared(32);
+    // No health checks: the count of upstream requests is the decisions'.
+    let gw = gateway(v, &["--health-interval", "3600"]);
+    let texts = [
+        (
+            "When did the parcel arrive?",
+            ["Monday", "Friday", "Sunday"],
+        ),
+        ("When did the parcel leave?", ["Monday", "Friday", "Sunday"]),
+        (
+            "Where did the parcel leave from?",
+            ["the depot", "a shop", "a van"],
+        ),
+        (
+            "Who received the parcel?",
+            ["the customer", "the courier", "nobody"],
+        ),
+        ("Was the parcel late?", ["yes", "no", "unknown"]),
+    ];
+    let questions: Vec<Value> = texts
+        .iter()
+        .cycle()
+        .take(10)
+        .enumerate()
+        .map(|(i, (t, o))| json!({"text": format!("{t} ({i})"), "options": o}))
+        .collect();
+    let state = state_of(400);
+    let warm = json!({"state": state, "questions": questions});
+    let mut sequential = warm.clone();
+    sequential["multi_question"] = json!("sequential");
+    let timed = |body: &Value| {
+        let (before, started) = (upstream_requests(&gw), std::time::Instant::now());
+        let d = ok(gw.post_json("/v1/decide", body));
+        let seconds = started.elapsed().as_secs_f64();
+        (d, upstream_requests(&gw) - before, seconds)
+    };
+    // A new state: one list request, the state read (not found cached).
+    let (first, requests, list_s) = timed(&warm);
+    assert_eq!(requests, 1.0, "{first}");
+    assert_eq!(first["state"]["cached"], false, "{first}");
+    // Again: the state is found in vLLM's prefix cache.
+    let (again, requests, again_s) = timed(&warm);
+    assert_eq!(requests, 1.0, "{again}");
+    assert_eq!(again["state"]["cached"], true, "{again}");
+    // One completion per question, one after another: the same letters, the
+    // same probabilities to a batch's float32 rounding.
+    let (one_by_one, requests, sequential_s) = timed(&sequential);
+    assert_eq!(requests, 10.0, "{one_by_one}");
+    assert_close(&first, &one_by_one, "a list request and one by one");
+    eprintln!(
+        "10 questions through a real vLLM: one list request {list_s:.2} s on a new state, \
+         {again_s:.2} s on a cached one; one completion after another {sequential_s:.2} s"
+    );
 }

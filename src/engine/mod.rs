@@ -82,7 +82,8 @@ pub struct PackedPrompt {
 pub enum MultiQuestion {
     /// Each question is its own continuation of the prefix, one after another.
     Sequential,
-    /// The prefix is prefilled once, then the questions run concurrently.
+    /// The questions run at once on the shared prefix, computed once (the
+    /// vLLM backend: one upstream request of a list of prompts).
     Warm,
     /// All questions in one prompt, answered in one generation, each
     /// answer's letters read at its own position (the vLLM backend).

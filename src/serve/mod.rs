@@ -490,6 +490,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
                         retries: u.upstream_retries,
                         backoff_ms: u.upstream_backoff_ms,
                         fan_out: u.fan_out,
+                        batch_tokens: u.upstream_batch_tokens,
+                        batch_prompts: u.upstream_batch_prompts,
                         pad_block,
                         ..UpstreamLimits::default()
                     },

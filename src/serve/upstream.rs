@@ -74,9 +74,20 @@ pub(super) struct UpstreamArgs {
     /// the MLX backend).
     #[arg(long)]
     pub(super) head_upstream: Option<String>,
-    /// Questions of one request in flight at once in `warm` mode.
+    /// Upstream calls of one request in flight at once: a decision's list
+    /// requests in `warm` mode (see --upstream-batch-tokens), a packed
+    /// decision's re-reads, an embeddings request's inputs.
     #[arg(long, default_value_t = UpstreamLimits::default().fan_out, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1024))]
     pub(super) fan_out: usize,
+    /// The most prompt tokens one upstream request of a decision's
+    /// questions carries (`warm` mode sends a state's questions as one list
+    /// of prompts; the state's tokens count once per question). Over it,
+    /// the questions are split into several list requests sent at once.
+    #[arg(long, default_value_t = UpstreamLimits::default().batch_tokens, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub(super) upstream_batch_tokens: usize,
+    /// The most prompts (questions) one upstream list request carries.
+    #[arg(long, default_value_t = UpstreamLimits::default().batch_prompts, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=4096))]
+    pub(super) upstream_batch_prompts: usize,
 }
 
 /// A number of seconds, 0 or more.

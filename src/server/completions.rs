@@ -1,6 +1,9 @@
 //! `POST /v1/completions` (OpenAI's legacy completions, with vLLM's
 //! extensions): its request and response bodies, its validation and its
-//! handler, answered whole or streamed.
+//! handler, answered whole or streamed. A list of prompts is answered as
+//! vLLM answers it: one choice per prompt, `index` the prompt's position,
+//! each prompt run exactly as if sent alone (one after another), the usage
+//! summed; it is not streamed.
 
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde::{Deserialize, Serialize};
@@ -108,7 +111,8 @@ enum PromptInput {
 
 /// A validated completion request.
 struct CompletionJob {
-    prompt: PromptInput,
+    /// One, or several (a list of prompts).
+    prompts: Vec<PromptInput>,
     echo: bool,
     params: GenerationParams,
     include_usage: bool,
@@ -124,25 +128,16 @@ fn validate(req: &CompletionRequest, limits: &Limits) -> Result<CompletionJob> {
         ));
     }
     unsupported(&req.suffix, "suffix", "insertion is not supported")?;
-    let prompt = match &req.prompt {
-        PromptSpec::Text(t) => PromptInput::Text(t.clone()),
-        PromptSpec::Tokens(ids) => PromptInput::Tokens(token_ids(ids, "prompt")?),
-        PromptSpec::TextBatch(v) if v.len() == 1 => PromptInput::Text(v[0].clone()),
-        PromptSpec::TokensBatch(v) if v.len() == 1 => {
-            PromptInput::Tokens(token_ids(&v[0], "prompt")?)
-        }
-        _ => {
-            return Err(ApiError::invalid(
-                "prompt",
-                "batched prompts are not supported: send one prompt per request",
-            ))
-        }
+    let prompts = match &req.prompt {
+        PromptSpec::Text(t) => vec![PromptInput::Text(t.clone())],
+        PromptSpec::Tokens(ids) => vec![PromptInput::Tokens(token_ids(ids, "prompt")?)],
+        PromptSpec::TextBatch(v) => v.iter().cloned().map(PromptInput::Text).collect(),
+        PromptSpec::TokensBatch(v) => v
+            .iter()
+            .map(|ids| token_ids(ids, "prompt").map(PromptInput::Tokens))
+            .collect::<Result<_>>()?,
     };
-    // Refused on every model, also where the tokenizer's BOS would give an
-    // empty text a token, so the description can say it plainly.
-    if matches!(&prompt, PromptInput::Text(t) if t.is_empty()) {
-        return Err(ApiError::invalid("prompt", "the prompt is empty"));
-    }
+    check_prompts(&prompts, req.stream, limits)?;
     let logprobs = req
         .logprobs
         .map(|k| int_in(k, 0, limits.max_logprobs as i64, "logprobs").map(|k| k as usize))
@@ -191,7 +186,7 @@ fn validate(req: &CompletionRequest, limits: &Limits) -> Result<CompletionJob> {
         ));
     }
     Ok(CompletionJob {
-        prompt,
+        prompts,
         echo: req.echo,
         params: GenerationParams {
             max_tokens: max,
@@ -202,6 +197,48 @@ fn validate(req: &CompletionRequest, limits: &Limits) -> Result<CompletionJob> {
         },
         include_usage: fields.include_usage(),
     })
+}
+
+/// The prompts of one request: at least one; a list of several at most
+/// the limit, none of them empty, not streamed. Refused on every model, also
+/// where the tokenizer's BOS would give an empty text a token, so the
+/// description can say it plainly.
+fn check_prompts(prompts: &[PromptInput], stream: bool, limits: &Limits) -> Result<()> {
+    let empty = |p: &PromptInput| match p {
+        PromptInput::Text(t) => t.is_empty(),
+        PromptInput::Tokens(ids) => ids.is_empty(),
+    };
+    match prompts {
+        [] => Err(ApiError::invalid(
+            "prompt",
+            "the list of prompts is empty: send at least one prompt",
+        )),
+        [PromptInput::Text(t)] if t.is_empty() => {
+            Err(ApiError::invalid("prompt", "the prompt is empty"))
+        }
+        [_] => Ok(()),
+        _ if prompts.len() > limits.max_completion_prompts => Err(ApiError::invalid(
+            "prompt",
+            format!(
+                "a request takes at most {} prompts; got {}: split the list over several \
+                 requests",
+                limits.max_completion_prompts,
+                prompts.len()
+            ),
+        )),
+        _ if stream => Err(ApiError::invalid(
+            "stream",
+            "a list of prompts is answered whole, not streamed: leave `stream` off, or \
+             stream one prompt per request",
+        )),
+        _ => match prompts.iter().position(empty) {
+            Some(i) => Err(ApiError::invalid(
+                "prompt",
+                format!("prompt {i} of the list is empty"),
+            )),
+            None => Ok(()),
+        },
+    }
 }
 
 /// Accumulates legacy completion log-probabilities.
@@ -261,27 +298,25 @@ pub async fn completions(
     state.ready()?;
     let job = validate(&body, &state.limits)?;
     let route = &state.route;
-    let (prompt_text, prompt) = match job.prompt {
-        PromptInput::Text(t) => {
-            let ids = route.tokenize(&t, true)?;
-            (t, ids)
-        }
-        PromptInput::Tokens(ids) => {
-            route.check_token_ids(&ids, "prompt")?;
-            let text = if job.echo {
-                route
-                    .tokenizer
-                    .decode(&ids, false)
-                    .map_err(|e| ApiError::invalid("prompt", e.to_string()))?
-            } else {
-                String::new()
-            };
-            (text, ids)
-        }
-    };
+    let mut prompts = job
+        .prompts
+        .into_iter()
+        .map(|p| prompt_ids(route, p, job.echo))
+        .collect::<Result<Vec<_>>>()?;
     route.check_token_ids(&job.params.logprob_token_ids, "logprob_token_ids")?;
     let want_logprobs = job.params.logprobs.is_some();
     let echo = job.echo;
+    if prompts.len() > 1 {
+        return several(
+            &state,
+            prompts,
+            job.params,
+            echo,
+            body.return_tokens_as_token_ids,
+        )
+        .await;
+    }
+    let (prompt_text, prompt) = prompts.remove(0);
     let generation = route.generate(prompt, job.params)?;
     let id = new_id("cmpl");
     let created = unix_now();
@@ -386,4 +421,71 @@ pub async fn completions(
             out
         },
     ))
+}
+
+/// A prompt's text (for `echo`) and token ids.
+fn prompt_ids(
+    route: &crate::route::TextRoute,
+    prompt: PromptInput,
+    echo: bool,
+) -> Result<(String, Vec<u32>)> {
+    Ok(match prompt {
+        PromptInput::Text(t) => {
+            let ids = route.tokenize(&t, true)?;
+            (t, ids)
+        }
+        PromptInput::Tokens(ids) => {
+            route.check_token_ids(&ids, "prompt")?;
+            let text = if echo {
+                route
+                    .tokenizer
+                    .decode(&ids, false)
+                    .map_err(|e| ApiError::invalid("prompt", e.to_string()))?
+            } else {
+                String::new()
+            };
+            (text, ids)
+        }
+    })
+}
+
+/// A list of prompts, answered whole: each run as if sent alone, one after
+/// another, its choice at its position in the list (vLLM's `index` with
+/// `n` 1), the usage summed over them as vLLM sums it (prompt and
+/// completion tokens; `request_output_to_completion_response`,
+/// vllm/entrypoints/openai/completion/serving.py).
+async fn several(
+    state: &AppState,
+    prompts: Vec<(String, Vec<u32>)>,
+    params: GenerationParams,
+    echo: bool,
+    as_ids: bool,
+) -> Result<HttpResponse> {
+    let want_logprobs = params.logprobs.is_some();
+    let mut choices = Vec::with_capacity(prompts.len());
+    let (mut prompt_tokens, mut completion_tokens) = (0, 0);
+    for (index, (text, ids)) in prompts.into_iter().enumerate() {
+        let generation = state.route.generate(ids, params.clone())?;
+        let mut builder = CompletionLogprobBuilder::new(0, as_ids);
+        let done = collect(generation, |tokens| {
+            tokens.iter().for_each(|t| builder.push(t))
+        })
+        .await?;
+        prompt_tokens += done.usage.prompt_tokens;
+        completion_tokens += done.usage.completion_tokens;
+        choices.push(CompletionChoice {
+            index,
+            text: if echo { text + &done.text } else { done.text },
+            logprobs: want_logprobs.then(|| builder.take()),
+            finish_reason: Some(done.finish_reason),
+        });
+    }
+    Ok(HttpResponse::Ok().json(Completion {
+        id: new_id("cmpl"),
+        object: "text_completion",
+        created: unix_now(),
+        model: state.model_name.clone(),
+        choices,
+        usage: Some(Usage::new(prompt_tokens, completion_tokens)),
+    }))
 }

@@ -98,6 +98,23 @@ pub fn reference_file(name: &str) -> PathBuf {
     path
 }
 
+/// States and questions built from MMLU by scripts/reference/decisions.py.
+pub fn reference_decisions() -> serde_json::Value {
+    let text = std::fs::read_to_string(reference_file("decisions.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+/// The first `n` questions of a reference state, as `/v1/decide` takes them.
+pub fn reference_questions(st: &serde_json::Value, n: usize) -> Vec<serde_json::Value> {
+    st["questions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .take(n)
+        .map(|q| serde_json::json!({"text": q["text"], "options": q["options"]}))
+        .collect()
+}
+
 /// A `decisio serve` process on a loopback port, stopped on drop.
 /// Without `--state-dir` among its arguments it gets a fresh state folder
 /// of its own (a state folder serves one server at a time), removed on drop.

@@ -15,7 +15,8 @@ here is listed in docs/design/openapi.md.
 2. The question of a chat decision is the last message, the user's, and
    is not blank.
 3. No two options (or labels) are equal after trimming whitespace.
-4. The prompt, and the prompt plus `max_tokens`, fit the context; so does
+4. The prompt (each prompt of a list), and the prompt plus `max_tokens`,
+   fit the context, and a list of two or more prompts is not streamed; so does
    a state with each of its questions (a System One question too, its
    state, instructions and options counted as the JSON they are sent as). The generator cannot count tokens:
    a draw is kept when its text's UTF-8 bytes (at least its tokens, for
@@ -210,11 +211,13 @@ def filter_case(context, case):
         return prompt + new < CONTEXT
     if path == "/v1/completions":
         prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (list, str)):
-            prompt = prompt[0]
-        length = len(prompt) if isinstance(prompt, list) else _bytes(prompt)
+        listed = isinstance(prompt, list) and prompt and isinstance(prompt[0], (list, str))
+        prompts = prompt if listed else [prompt]
+        if len(prompts) > 1 and body.get("stream") is True:
+            return False
         new = body.get("max_tokens")
-        return length + (16 if new is None else new) < CONTEXT
+        new = 16 if new is None else new
+        return all((len(p) if isinstance(p, list) else _bytes(p)) + new < CONTEXT for p in prompts)
     if path == "/v1/embeddings":
         inputs = body.get("input")
         inputs = inputs if isinstance(inputs, list) and inputs and not isinstance(inputs[0], int) else [inputs]

@@ -4,8 +4,9 @@
 //!
 //! The gateway renders and tokenizes every prompt itself, so the upstream
 //! only sees token ids on `POST /v1/completions`. A decision question is one
-//! completion of one token whose log-probabilities of the option letters
-//! are read by the method the start-up probe found (`docs/design/vllm.md`):
+//! completion of one token (a state's questions: one request of a list of
+//! prompts) whose log-probabilities of the option letters are read by the
+//! method the start-up probe found (`docs/design/vllm.md`):
 //!
 //! - [`LetterMethod::TokenIds`]: vLLM's `logprob_token_ids`, the exact
 //!   log-probability of every letter;
@@ -25,7 +26,8 @@
 //! teacher-forced completion (`docs/design/vllm.md`).
 //!
 //! The files, by job: `probe` (what each upstream serves and how to ask
-//! it), `letters` (decisions whose questions are separate completions),
+//! it), `batch` (a state's questions as one list request, the default),
+//! `letters` (decisions whose questions are separate completions),
 //! `packed` (packed questions), `reading` (a question's letters read from
 //! a completion, for both), `generate` (completions, and chat completions
 //! with images), `head` (the head upstream), `wait` (the start-up wait:
@@ -44,6 +46,7 @@
 //! continues the first in the upstream's prefix cache, as a decision's
 //! question continues its state).
 
+mod batch;
 mod generate;
 mod head;
 mod letters;
@@ -168,6 +171,7 @@ struct Inner {
     /// Held while settling, so that it is done once.
     settling: Mutex<()>,
     wait: WaitState,
+    sent_states: batch::SentStates,
 }
 
 /// What depends on the probes, settled when the first completions upstream
@@ -225,8 +229,8 @@ fn secs(s: f64) -> Duration {
 }
 
 /// A decision's questions on one state, by the request's multi-question
-/// mode: packed into one completion ([`packed`]), or each its own
-/// ([`letters`]).
+/// mode: packed into one completion ([`packed`]), each its own one after
+/// another ([`letters`]), or as list requests ([`batch`]).
 async fn score(inner: &Inner, request: &ScoreRequest) -> Result<ScoreResult, EngineError> {
     if request.hidden {
         head::head_pool(inner, "hidden states")?;
@@ -237,10 +241,10 @@ async fn score(inner: &Inner, request: &ScoreRequest) -> Result<ScoreResult, Eng
             )));
         }
     }
-    if request.mode == MultiQuestion::Packed {
-        packed::score(inner, request).await
-    } else {
-        letters::score(inner, request).await
+    match request.mode {
+        MultiQuestion::Packed => packed::score(inner, request).await,
+        MultiQuestion::Sequential => letters::score(inner, request).await,
+        MultiQuestion::Warm => batch::score(inner, request).await,
     }
 }
 
@@ -304,6 +308,7 @@ impl VllmEngine {
             architecture: options.architecture.clone(),
             identity: format!("vllm:{}", options.model.as_deref().unwrap_or("")),
         };
+        let options_states = options.limits.remembered_states;
         let inner = Arc::new(Inner {
             wait: WaitState::new(&options.upstreams, options.head_upstream.as_ref(), limit),
             pool,
@@ -312,6 +317,7 @@ impl VllmEngine {
             depth: AtomicUsize::new(0),
             settled: OnceLock::new(),
             settling: Mutex::new(()),
+            sent_states: batch::SentStates::new(options_states),
         });
         if limit.is_some_and(|l| l <= 0.0) {
             runtime.block_on(first_probes(&inner))?;

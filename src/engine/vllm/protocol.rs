@@ -32,7 +32,7 @@ pub const ENGINE_DEAD_MESSAGE: &str = "The server had an error while processing 
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct CompletionRequest {
     pub model: String,
-    pub prompt: Vec<u32>,
+    pub prompt: Prompt,
     pub max_tokens: usize,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub temperature: Option<f32>,
@@ -58,6 +58,41 @@ pub struct CompletionRequest {
     pub return_tokens_as_token_ids: bool,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub ignore_eos: bool,
+}
+
+/// A completion's `prompt`: one list of token ids, or a list of them,
+/// which vLLM answers with one choice per prompt, `index` the prompt's
+/// position (`request_output_to_completion_response` in
+/// vllm/entrypoints/openai/completion/serving.py).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(untagged)]
+pub enum Prompt {
+    One(Vec<u32>),
+    Many(Vec<Vec<u32>>),
+}
+
+impl Default for Prompt {
+    fn default() -> Self {
+        Prompt::One(Vec::new())
+    }
+}
+
+impl From<Vec<u32>> for Prompt {
+    fn from(ids: Vec<u32>) -> Self {
+        Prompt::One(ids)
+    }
+}
+
+impl Prompt {
+    /// `prompts` as one request: a lone prompt is sent as one list of ids,
+    /// the shape every server takes; several as a list of them.
+    pub fn list(mut prompts: Vec<Vec<u32>>) -> Self {
+        if prompts.len() == 1 {
+            Prompt::One(prompts.remove(0))
+        } else {
+            Prompt::Many(prompts)
+        }
+    }
 }
 
 /// The sampling fields vLLM fills from the model's `generation_config.json`
@@ -91,10 +126,10 @@ impl CompletionRequest {
     /// A completion of at most `max_tokens` after `prompt`, its tokens
     /// named by id, every sampling field the MLX backend does not apply at
     /// its neutral value, and no log-probabilities asked (yet).
-    pub fn new(model: &str, prompt: Vec<u32>, max_tokens: usize) -> Self {
+    pub fn new(model: &str, prompt: impl Into<Prompt>, max_tokens: usize) -> Self {
         CompletionRequest {
             model: model.to_string(),
-            prompt,
+            prompt: prompt.into(),
             max_tokens,
             neutral: Some(NeutralSampling::VALUES),
             return_tokens_as_token_ids: true,
@@ -103,7 +138,7 @@ impl CompletionRequest {
     }
 
     /// Greedy: one of [`CompletionRequest::new`] at temperature 0.
-    pub fn greedy(model: &str, prompt: Vec<u32>, max_tokens: usize) -> Self {
+    pub fn greedy(model: &str, prompt: impl Into<Prompt>, max_tokens: usize) -> Self {
         CompletionRequest {
             temperature: Some(0.0),
             ..CompletionRequest::new(model, prompt, max_tokens)
@@ -202,6 +237,9 @@ pub struct CompletionResponse {
 
 #[derive(Clone, Debug, Deserialize)]
 pub struct CompletionChoice {
+    /// The prompt's position in a request of several (with `n` 1).
+    #[serde(default)]
+    pub index: Option<usize>,
     #[serde(default)]
     pub logprobs: Option<CompletionLogprobs>,
     #[serde(default)]
@@ -367,10 +405,17 @@ pub fn letter_request(
 
 /// The first generated position's alternatives, by token id.
 pub fn first_position(r: &CompletionResponse) -> Result<HashMap<u32, f64>, String> {
-    let top = r
-        .choices
+    r.choices
         .first()
-        .and_then(|c| c.logprobs.as_ref())
+        .ok_or_else(|| "the completion has no choices".to_string())
+        .and_then(choice_position)
+}
+
+/// One choice's first generated position's alternatives, by token id.
+pub fn choice_position(c: &CompletionChoice) -> Result<HashMap<u32, f64>, String> {
+    let top = c
+        .logprobs
+        .as_ref()
         .and_then(|l| l.top_logprobs.first())
         .and_then(|t| t.as_ref())
         .ok_or("the completion has no top_logprobs")?;
@@ -498,7 +543,7 @@ mod tests {
     fn leaves_out_unset_extensions_and_sends_neutral_sampling() {
         let body = serde_json::to_value(CompletionRequest {
             model: "m".into(),
-            prompt: vec![1, 2],
+            prompt: vec![1, 2].into(),
             max_tokens: 1,
             ..Default::default()
         })

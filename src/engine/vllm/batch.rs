@@ -1,0 +1,376 @@
+//! Decisions on the vLLM backend whose questions share one request
+//! (`multi_question` `warm`, the default): a state's questions go upstream
+//! as one completions request whose `prompt` is the list of their token-id
+//! prompts, one token each, the option letters read by the probed method
+//! ([`super::reading`]) from the choice of each prompt. vLLM schedules the
+//! prompts of one request together and its prefix cache shares their
+//! state; nothing is sent ahead of them. The list is split where it would
+//! carry more than `UpstreamLimits::batch_tokens` prompt tokens or
+//! `batch_prompts` prompts, and letters beyond the 128 a request may name
+//! (`MAX_LOGPROB_TOKEN_IDS`) are asked in further list requests of the same
+//! prompts; all of a decision's list requests go out at once
+//! (`docs/design/vllm.md`, "One request per state").
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use futures::StreamExt;
+
+use super::head;
+use super::probe::Probed;
+use super::protocol::{
+    cached_tokens, choice_position, letter_request, state_found, CompletionRequest,
+    CompletionResponse, Prompt, MAX_LOGPROB_TOKEN_IDS,
+};
+use super::reading::letters_at;
+use super::{score_timeout, Inner, LetterMethod};
+use crate::engine::{EngineError, QuestionScore, ScoreRequest, ScoreResult};
+
+/// The states the gateway sent upstream lately, so that a list request's
+/// cached-token count is believed only for a state sent before: vLLM
+/// reports the count of a request's last prompt, and the earlier prompts of
+/// the same list put the state in its prefix cache just before it.
+pub struct SentStates {
+    most: usize,
+    keys: Mutex<Recent>,
+}
+
+/// State hashes, as a set and in the order they were sent.
+#[derive(Default)]
+struct Recent {
+    set: HashSet<[u8; 32]>,
+    order: VecDeque<[u8; 32]>,
+}
+
+impl SentStates {
+    pub fn new(most: usize) -> Self {
+        SentStates {
+            most,
+            keys: Mutex::new(Recent::default()),
+        }
+    }
+
+    /// Whether `key` was sent before; remembers it from now on (the oldest
+    /// forgotten past `most`).
+    fn sent_before(&self, key: [u8; 32]) -> bool {
+        let Ok(mut keys) = self.keys.lock() else {
+            return false;
+        };
+        let Recent { set, order } = &mut *keys;
+        if set.contains(&key) {
+            return true;
+        }
+        set.insert(key);
+        order.push_back(key);
+        while order.len() > self.most {
+            if let Some(old) = order.pop_front() {
+                set.remove(&old);
+            }
+        }
+        false
+    }
+}
+
+/// One list request: the positions of its questions, and which of the
+/// letters it names (a range of the group's letters).
+struct Part {
+    questions: Vec<usize>,
+    letters: std::ops::Range<usize>,
+}
+
+/// The questions (positions) in lists of at most `most_prompts` prompts
+/// and `most_tokens` prompt tokens, in order; a prompt over the token bound
+/// goes alone.
+fn split(
+    questions: &[usize],
+    lengths: &[usize],
+    most_tokens: usize,
+    most_prompts: usize,
+) -> Vec<Vec<usize>> {
+    let mut out: Vec<Vec<usize>> = Vec::new();
+    let mut tokens = 0;
+    for &q in questions {
+        let len = lengths[q];
+        match out.last_mut() {
+            Some(list) if list.len() < most_prompts && tokens + len <= most_tokens => {
+                list.push(q);
+                tokens += len;
+            }
+            _ => {
+                out.push(vec![q]);
+                tokens = len;
+            }
+        }
+    }
+    out
+}
+
+/// The questions in groups that may share a request, each with the letters
+/// it names: every question together, naming the union of their letters,
+/// where every upstream reads letters by token ids (each id's
+/// log-probability is over the whole vocabulary, whichever others are
+/// named) or by the top k (which names none); otherwise (allowed tokens
+/// renormalise over the named set) the questions with the same letters.
+/// With the second of the pair: whether letters are read by token ids,
+/// at most [`MAX_LOGPROB_TOKEN_IDS`] a request.
+fn groups(inner: &Inner, request: &ScoreRequest) -> (Vec<Group>, bool) {
+    let methods: Vec<LetterMethod> = inner
+        .pool
+        .upstreams
+        .iter()
+        .filter_map(|u| u.probed().map(|p| p.method))
+        .collect();
+    let shared = !methods.contains(&LetterMethod::AllowedTokens);
+    let by_ids = methods.iter().all(|m| *m == LetterMethod::TokenIds);
+    let mut out: Vec<Group> = Vec::new();
+    for (i, q) in request.questions.iter().enumerate() {
+        if shared {
+            if out.is_empty() {
+                out.push((Vec::new(), Vec::new()));
+            }
+            let (letters, questions) = &mut out[0];
+            for id in &q.read {
+                if !letters.contains(id) {
+                    letters.push(*id);
+                }
+            }
+            questions.push(i);
+        } else if let Some((_, questions)) = out.iter_mut().find(|(l, _)| *l == q.read) {
+            questions.push(i);
+        } else {
+            out.push((q.read.clone(), vec![i]));
+        }
+    }
+    (out, by_ids)
+}
+
+/// Questions that share list requests: the letters those name, and the
+/// questions' positions.
+type Group = (Vec<u32>, Vec<usize>);
+
+/// The choices of a list request's response, in the order of its prompts
+/// (by `index`, vLLM's position of the prompt).
+fn by_prompt(r: &CompletionResponse, n: usize) -> Result<Vec<usize>, EngineError> {
+    let mut at = vec![None; n];
+    for (i, c) in r.choices.iter().enumerate() {
+        let index = c.index.unwrap_or(i);
+        match at.get_mut(index) {
+            Some(slot @ None) => *slot = Some(i),
+            _ => {
+                return Err(EngineError::Upstream(format!(
+                    "the upstream answered a request of {n} prompts with choice index {index} \
+                     (twice, or past the prompts)"
+                )))
+            }
+        }
+    }
+    at.into_iter().collect::<Option<Vec<_>>>().ok_or_else(|| {
+        EngineError::Upstream(format!(
+            "the upstream answered a request of {n} prompts with {} choices",
+            r.choices.len()
+        ))
+    })
+}
+
+/// A decision's questions on one state as list requests, all at once.
+pub async fn score(inner: &Inner, request: &ScoreRequest) -> Result<ScoreResult, EngineError> {
+    let key = request.state.0;
+    let state = request.prefix.len();
+    let started = Instant::now();
+    let sent_before = inner.sent_states.sent_before(key);
+    let prompts: Vec<Vec<u32>> = request
+        .questions
+        .iter()
+        .map(|q| [request.prefix.as_slice(), q.suffix.as_slice()].concat())
+        .collect();
+    let lengths: Vec<usize> = prompts.iter().map(Vec::len).collect();
+    let limits = &inner.options.limits;
+    let (groups, by_ids) = groups(inner, request);
+    let mut parts = Vec::new();
+    for (g, (letters, questions)) in groups.iter().enumerate() {
+        let step = if by_ids {
+            MAX_LOGPROB_TOKEN_IDS
+        } else {
+            letters.len().max(1)
+        };
+        for list in split(
+            questions,
+            &lengths,
+            limits.batch_tokens,
+            limits.batch_prompts,
+        ) {
+            let mut from = 0;
+            loop {
+                let to = (from + step).min(letters.len());
+                let questions = list.clone();
+                parts.push((
+                    g,
+                    Part {
+                        questions,
+                        letters: from..to,
+                    },
+                ));
+                from = to;
+                if from >= letters.len() {
+                    break;
+                }
+            }
+        }
+    }
+    // With several questions, each list opens with the state alone, so that
+    // an upstream that keeps prompts (a decisio gateway) computes the state
+    // as a decision does before any question continues it; vLLM's prefix
+    // cache shares it among the list's prompts either way.
+    let lead = request.questions.len() > 1 && state > 0;
+    let send = |(g, part): (usize, Part)| {
+        let letters = &groups[g].0;
+        let list: Vec<Vec<u32>> = lead
+            .then(|| request.prefix.clone())
+            .into_iter()
+            .chain(part.questions.iter().map(|&q| prompts[q].clone()))
+            .collect();
+        async move {
+            let sent = Instant::now();
+            let (probed, response): (Probed, CompletionResponse) = inner
+                .pool
+                .call_routed(&key, "/v1/completions", score_timeout(inner), |p| {
+                    let named = match p.method {
+                        LetterMethod::TokenIds => &letters[part.letters.clone()],
+                        _ => &letters[..],
+                    };
+                    letter_request(
+                        p.method,
+                        CompletionRequest::greedy(&p.model, Prompt::list(list.clone()), 1),
+                        named,
+                    )
+                })
+                .await?;
+            let mut order = by_prompt(&response, list.len())?;
+            if lead {
+                order.remove(0);
+            }
+            let took = sent.elapsed().as_secs_f64();
+            Ok::<_, EngineError>((part, probed, response, order, took))
+        }
+    };
+    let requests = parts.len();
+    let lists = futures::stream::iter(parts)
+        .map(send)
+        .buffer_unordered(limits.fan_out.max(1))
+        .collect::<Vec<_>>();
+    // The head upstream embeds the state alone first, so that each
+    // question's embedding continues it (its prefix cache), beside the
+    // list requests.
+    let hidden = async {
+        if !request.hidden {
+            return Ok(vec![None; prompts.len()]);
+        }
+        if !request.prefix.is_empty() {
+            head::hidden(inner, &key, &request.prefix).await?;
+        }
+        let all = prompts
+            .iter()
+            .cloned()
+            .map(|p| async move { head::hidden(inner, &key, &p).await.map(Some) });
+        futures::stream::iter(all)
+            .buffered(limits.fan_out.max(1))
+            .collect::<Vec<_>>()
+            .await
+            .into_iter()
+            .collect::<Result<Vec<_>, EngineError>>()
+    };
+    let (all, hidden) = futures::future::join(lists, hidden).await;
+    let hidden = hidden?;
+    let mut found: Vec<HashMap<u32, f64>> = vec![HashMap::new(); prompts.len()];
+    let mut seconds = vec![0.0f64; prompts.len()];
+    let mut probed_for = vec![None; prompts.len()];
+    // What the request carrying the first question and letters reports:
+    // the cached count of its last prompt (vLLM's rule), that prompt's
+    // length, its prompts, the upstream's unit of hits.
+    let mut first = None;
+    for r in all {
+        let (part, probed, response, order, took) = r?;
+        if part.questions.first() == Some(&0) && part.letters.start == 0 {
+            let last = *part.questions.last().unwrap_or(&0);
+            let count = cached_tokens(response.usage.as_ref());
+            let prompts = part.questions.len() + usize::from(lead);
+            first = Some((count, lengths[last], prompts, probed.hit_unit()));
+        }
+        for (&q, &c) in part.questions.iter().zip(&order) {
+            let position = choice_position(&response.choices[c])
+                .map_err(|m| EngineError::Upstream(m.to_string()))?;
+            found[q].extend(position);
+            seconds[q] = seconds[q].max(took);
+            probed_for[q] = Some(probed.clone());
+        }
+    }
+    let reads = request.questions.iter().enumerate().map(|(i, q)| {
+        let (found, probed, prompt) = (&found[i], probed_for[i].clone(), &prompts[i]);
+        async move {
+            let probed = probed.ok_or_else(|| {
+                EngineError::Upstream("no list request carried the question".into())
+            })?;
+            letters_at(inner, &key, &probed, found, &q.read, || prompt.clone(), "").await
+        }
+    });
+    let logprobs = futures::future::try_join_all(reads).await?;
+    // A lone prompt's count is exact; a list's is its last prompt's, which
+    // the list's earlier prompts may have cached just before it: believed
+    // for a state this gateway sent before.
+    let cached = first.is_some_and(|(count, last, n, unit)| {
+        state_found(count, state, last, unit) && ((n == 1 && requests == 1) || sent_before)
+    });
+    let new_state_seconds = (!cached).then(|| started.elapsed().as_secs_f64());
+    if let Some(s) = new_state_seconds {
+        inner.options.metrics.new_state_seconds.observe(s);
+    }
+    Ok(ScoreResult {
+        cached,
+        new_state_seconds,
+        questions: logprobs
+            .into_iter()
+            .zip(hidden)
+            .zip(seconds)
+            .map(|((lps, hidden), seconds)| QuestionScore {
+                logits: lps.clone(),
+                logprobs: lps,
+                hidden,
+                seconds,
+                memoised: false,
+            })
+            .collect(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lists_hold_at_most_their_bounds_and_a_long_prompt_goes_alone() {
+        let lengths = [10, 10, 10, 50, 10];
+        let all = [0, 1, 2, 3, 4];
+        assert_eq!(split(&all, &lengths, 100, 64), vec![vec![0, 1, 2, 3, 4]]);
+        assert_eq!(
+            split(&all, &lengths, 30, 64),
+            vec![vec![0, 1, 2], vec![3], vec![4]]
+        );
+        assert_eq!(
+            split(&all, &lengths, 100, 2),
+            vec![vec![0, 1], vec![2, 3], vec![4]]
+        );
+    }
+
+    #[test]
+    fn a_state_is_remembered_once_sent() {
+        let sent = SentStates::new(2);
+        assert!(!sent.sent_before([1; 32]));
+        assert!(sent.sent_before([1; 32]));
+        assert!(!sent.sent_before([2; 32]));
+        assert!(!sent.sent_before([3; 32]));
+        // The oldest was forgotten.
+        assert!(!sent.sent_before([1; 32]));
+        assert!(sent.sent_before([3; 32]));
+    }
+}
