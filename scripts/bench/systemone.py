@@ -28,6 +28,7 @@ Cases (the issue's target table), each timed per subject:
     ~--state-tokens, on `/v1/systemone`; decisions per second, p50/p99
     latency; bounded by --limit seconds (requests not started by then are
     left out, and counted).
+The warm-up round runs every case, `concurrent` with one request per client.
 Fairness: documents are built from MMLU questions, each used once, so every
 (server, route, case, round) reads a document of its own; every question
 body is drawn (seeded by --seed) from topics, wordings and criteria and never
@@ -299,19 +300,20 @@ def run(a, ports):
         if "ref" in ports and len(ports) > 1:
             doc, _ = docs.take(a.tokens)
             qs = qgen.take(a.questions)
-            tops = {s: [top(x) for x in ask(ports[s], WIRE, doc, qs)[1].values()]
+            tops = {s: {k: top(x) for k, x in ask(ports[s], WIRE, doc, qs)[1].items()}
                     for s in ports}
-            if "ref" in ports:
-                agree.append({s: sum(x == y for x, y in zip(t, tops["ref"]))
-                              for s, t in tops.items() if s != "ref"})
-        if not warm and "concurrent" in a.cases:
+            agree.append({s: sum(t[k] == tops["ref"][k] for k in qs)
+                          for s, t in tops.items() if s != "ref"})
+        if "concurrent" in a.cases:  # the warm-up's: one request per client
             for srv in list(ports)[rnd % len(ports):] + list(ports)[:rnd % len(ports)]:
                 four = [docs.take(a.state_tokens)[0] for _ in range(4)]
-                bodies = [qgen.take(5) for _ in range(a.requests)]
+                bodies = [qgen.take(5) for _ in range(a.clients if warm else a.requests)]
                 before = metrics(ports[srv]) if srv in decisio else None
                 common.settle()
                 lat, wall, decided, left, errors = concurrent_case(ports[srv], four, bodies,
                                                                    a.clients, a.limit)
+                if warm:
+                    continue
                 conc[srv].append({"latencies": lat, "wall_s": wall, "decisions": decided,
                                   "left_out": left, "errors": errors, "per_s": decided / wall})
                 if before:
@@ -409,6 +411,12 @@ def write(a, out, rec, summary, picture):
                              f" {v['errors']} |")
         else:
             d = 4 if case == "seen" else 2
+            lines += [{"read": f"One new question on a new document of ~{a.state_tokens} tokens:"
+                       " the whole request, mostly the state's read.",
+                       "new": f"A new document of ~{a.tokens} tokens and {a.questions} new"
+                       " questions in one request: the whole request.",
+                       "seen": f"{a.questions} new questions on the document the subject read in"
+                       " `new` this round: the request's time over its questions."}[case], ""]
             lines += ["| server, route | time | ratio | ratio pad | state cached |",
                       "|---|---|---|---|---|"]
             for s, v in per.items():
