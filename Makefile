@@ -92,10 +92,12 @@ ci-time:
 # server; the latter is built once from the llama-cpp-python source
 # distribution into $(DECISIO_CACHE)/llama.cpp-<version>
 # (scripts/bench/llama_server.sh: cmake and g++, about 15 minutes on 2 cores).
-# The System One benchmark (scripts/bench/systemone.py) puts 50 questions on
-# one 3,000-token document through both of decisio's backends beside the
-# reference decisio on vLLM's CPU build (needs `make reference` for the
-# fixture's float32 folder).
+# The System One benchmark (scripts/bench/systemone.py) puts decisio's two
+# backends beside the reference decisio on vLLM's CPU build (with
+# `--pad-to none` and at its default padding): one question on a new state,
+# 50 questions on a new 3,000-token document, 50 new questions on a seen one,
+# 16 concurrent clients; 5 rounds, paired ratios (needs `make reference` for
+# the fixture's float32 folder; `--servers`, `--cases`, `--rounds` limit it).
 bench: setup
 	$(PYTHON) scripts/bench/first_token.py
 	$(PYTHON) scripts/bench/cpu_kernels.py
@@ -105,7 +107,7 @@ bench: setup
 	$(MAKE) bench-tasks
 
 bench-systemone: setup reference-cached
-	cargo build --release --locked --bin decisio
+	cargo build --release --locked --bin decisio --example paired_bars
 	$(PYTHON) scripts/bench/systemone.py
 
 # decisio against mlx_lm.server on the same MLX conversions: a new state, a

@@ -1,63 +1,123 @@
-"""Benchmark: the reference decisio's headline case, 50 questions of the
-three System One types about one document of about 3,000 tokens, asked as
-one request.
+"""Benchmark: decisio beside the reference decisio 0.35.0 on System One's
+cases, every server asked only what it has never answered.
 
-Usage: python scripts/bench/systemone.py [--reps 5] [--tokens 3000]
+Usage: python scripts/bench/systemone.py [--rounds 5] [--tokens 3000]
+  [--questions 50] [--state-tokens 1000] [--cases read,new,seen,concurrent]
+  [--servers mlx,vllm,ref,ref-pad] [--clients 16] [--requests 200]
 
 Servers, all on the fixture on this machine's CPUs, started once:
-  - decisio on MLX (the fixture as `make serve` serves it);
-  - decisio's vLLM backend in front of vLLM's CPU build (the real vLLM of
-    `make setup`, blocks of 32, serving the fixture's float32 copy);
-  - the reference decisio 0.35.0 on its own vLLM (its recipe,
-    ../shared/reference/reference-on-cpu.md: `--base qwen3.6-35b-a3b`,
-    its default padding, blocks of 32).
-Each decisio answers the request on `POST /v1/systemone` and the same work
-on `POST /v1/decide` (each yes/no question as the options No and Yes, each
-score as its levels); the reference answers `/v1/systemone`. Every round
-asks each server about a document it has not seen (a new state: the
-document is read, then the 50 questions), then the same request again (a
-seen state), the servers in turn, so the machine's noise falls on all of
-them alike. Medians over the rounds, and each decisio figure as a ratio of
-the reference's.
+  - `mlx`: decisio on MLX (the fixture as `make serve` serves it);
+  - `vllm`: decisio's vLLM backend in front of vLLM's CPU build (blocks of 32,
+    the fixture's float32 copy);
+  - `ref`: the reference decisio 0.35.0 on its own vLLM with `--pad-to none`:
+    the same prompts as decisio, so the top options must agree (the primary
+    ratio is to this one);
+  - `ref-pad`: the reference again, a second server at its default padding
+    (the state front-padded with newlines to its block of 32).
+decisio answers on `POST /v1/systemone` and the same work on `POST
+/v1/decide` (a yes/no as the options No and Yes, a score as its levels); the
+reference on `/v1/systemone`. Each (server, route) is a subject.
 
-Writes runs/<date>_systemone-bench/{summary.md,results.json,times.png}.
+Cases (the issue's target table), each timed per subject:
+  read: one question on a new document of ~--state-tokens (the state's read);
+  new: a new document of ~--tokens and 50 questions (17 yes/no, 17 choices of
+    four, 16 scores of five levels), the whole request;
+  seen: 50 new questions on the document `new` just read, per question;
+  concurrent: --clients clients (a thread pool, loopback only) send
+    --requests requests of 5 new questions each on 4 new documents of
+    ~--state-tokens, on `/v1/systemone`; decisions per second, p50/p99
+    latency; bounded by --limit seconds (requests not started by then are
+    left out, and counted).
+The warm-up round runs every case, `concurrent` with one request per client.
+Fairness: documents are built from MMLU questions, each used once, so every
+(server, route, case, round) reads a document of its own; every question
+body is drawn (seeded by --seed) from topics, wordings and criteria and never
+sent twice in a run, so no server answers from answers kept with a state.
+One untimed warm-up round, then --rounds timed rounds; in each round the
+subjects take turns in an order rotated by one per round. Ratios are paired
+within a round (a subject's time over the reference's in that round; for
+`concurrent`, decisions per second over the reference's), then their median
+and range, beside the times' medians and ranges.
+Agreement: each round (warm-up included) also sends one more document with 50
+questions, the same body to every server's `/v1/systemone` (untimed); the
+record counts per document how many top options agree with `ref`.
+Split of time: around every request to decisio, `GET /metrics` is read;
+the differences of `decisio_new_state_seconds` (the read of new states),
+`decisio_question_seconds` (the whole decision, per question; its sum less
+the states' read is the questions' time), `decisio_question_passes_total`
+and `decisio_merged_jobs_total` are summed per subject and case, and each
+response's `cached` flag kept.
+
+Writes runs/<date>_systemone-bench/{summary.md,results.json,times.png}; the
+plot with matplotlib when it imports, else with the project's `paired_bars`
+example when built (`make bench-systemone` builds it).
 """
 
 import argparse
+import concurrent.futures
 import json
-import statistics
+import random
 import subprocess
 import sys
+import time
 
 import common
 
 sys.path.insert(0, str(common.ROOT / "tests" / "e2e"))
 from conftest import start_reference, start_vllm, stop_vllm  # noqa: E402
 
+WIRE, DECIDE = "/v1/systemone", "/v1/decide"
+NAMES = {"mlx": "decisio MLX", "vllm": "decisio vLLM backend",
+         "ref": "reference 0.35.0 --pad-to none", "ref-pad": "reference 0.35.0, default padding"}
+CASES = {"read": "(a) one question on a new state (s per request)",
+         "new": "(b) new document + 50 questions (s per request)",
+         "seen": "(c) 50 new questions on a seen document (s per question)",
+         "concurrent": "(d) concurrent clients (decisions per second)"}
 TOPICS = ["mathematics", "history", "biology", "law", "medicine", "physics", "chemistry",
           "economics", "philosophy", "computer science", "geography", "psychology",
           "astronomy", "music", "ethics", "statistics", "engineering"]
-LEVELS = ["none at all", "a little", "some", "much", "very much"]
+NOUL = ["Is question {n} of the document more about {t} than about {u}?",
+        "Does question {n} need knowledge of {t} rather than {u}?",
+        "Would a teacher of {t}, not of {u}, set question {n}?"]
+CHOICE = ["Which subject does question {n} belong to?",
+          "Which field is question {n} closest to?",
+          "Which course would teach the answer to question {n}?"]
+SCORE = ["How much does question {n} rely on {t} rather than {u}?",
+         "How hard is question {n} for a student of {t} who never studied {u}?",
+         "How much of question {n} is about {t}, leaving {u} aside?"]
+LEVELS = [["none at all", "a little", "some", "much", "very much"],
+          ["never", "rarely", "sometimes", "often", "always"],
+          ["not at all", "slightly", "moderately", "strongly", "entirely"]]
 
 
-def questions():
-    """50 questions: 17 yes/no, 17 choices of four options, 16 scores of
-    five levels, keyed q00..q49."""
-    qs = {}
-    for i, t in enumerate(TOPICS):
-        qs[f"q{len(qs):02d}"] = {"type": "noul",
-                                 "instructions": f"Does the document ask about {t}?",
-                                 "criteria": {"true": f"at least one question is about {t}"}}
-    for i in range(17):
-        four = [TOPICS[(i + k * 4) % len(TOPICS)] for k in range(4)]
-        qs[f"q{len(qs):02d}"] = {"type": "choice",
-                                 "instructions": f"Which subject does question {i + 1} belong to?",
-                                 "criteria": {t.replace(" ", "_"): None for t in four}}
-    for i in range(16):
-        qs[f"q{len(qs):02d}"] = {"type": "score",
-                                 "instructions": f"How much does the document rely on {TOPICS[i]}?",
-                                 "criteria": LEVELS}
-    return qs
+class Questions:
+    """Question bodies drawn with a seeded generator, none given twice."""
+
+    def __init__(self, seed):
+        self.rng, self.sent = random.Random(seed), set()
+
+    def one(self, kind):
+        r = self.rng
+        for _ in range(10000):
+            n, (t, u) = r.randint(1, 40), r.sample(TOPICS, 2)
+            if kind == "noul":
+                q = {"type": "noul", "instructions": r.choice(NOUL).format(n=n, t=t, u=u),
+                     "criteria": {"true": f"question {n} is about {t}"}}
+            elif kind == "choice":
+                q = {"type": "choice", "instructions": r.choice(CHOICE).format(n=n),
+                     "criteria": {x.replace(" ", "_"): None for x in r.sample(TOPICS, 4)}}
+            else:
+                q = {"type": "score", "instructions": r.choice(SCORE).format(n=n, t=t, u=u),
+                     "criteria": r.choice(LEVELS)}
+            key = json.dumps(q, sort_keys=True)
+            if key not in self.sent:
+                self.sent.add(key)
+                return q
+        raise RuntimeError("no new question left to draw")
+
+    def take(self, k):
+        """k questions keyed q00..; 50 are 17 yes/no, 17 choices, 16 scores."""
+        return {f"q{i:02d}": self.one(("noul", "choice", "score")[i % 3]) for i in range(k)}
 
 
 def as_decide(qs):
@@ -65,162 +125,359 @@ def as_decide(qs):
     out = []
     for q in qs.values():
         c = q["criteria"]
-        if q["type"] == "noul":
-            options = ["No", "Yes"]
-        elif q["type"] == "choice":
-            options = [k.replace("_", " ") for k in c]
-        else:
-            options = list(c)
+        options = (["No", "Yes"] if q["type"] == "noul" else
+                   [k.replace("_", " ") for k in c] if q["type"] == "choice" else list(c))
         out.append({"text": q["instructions"], "options": options})
     return out
 
 
-def documents(port, rows, n, target):
-    """n documents of about `target` tokens (as the fixture counts them),
-    each of distinct MMLU questions, numbered."""
-    docs, at = [], 0
-    for _ in range(n):
+class Documents:
+    """Documents of MMLU questions, numbered; no row is used twice."""
+
+    def __init__(self, tokenize):
+        self.rows, self.at, self.tokenize = common.mmlu_rows(20000), 0, tokenize
+
+    def take(self, target):
         parts = []
-        while True:
-            parts.append(f"Question {len(parts) + 1}. {common.question_text(rows[at])}")
-            at += 1
-            text = "\n\n".join(parts)
-            if len(text) >= target * 3.6:
-                break
-        _, t = common.post(port, "/tokenize", {"model": "model", "prompt": text})
-        docs.append((text, t["count"]))
-    return docs
+        while not parts or len("\n\n".join(parts)) < target * 3.6:
+            if self.at >= len(self.rows):
+                raise RuntimeError("MMLU rows used up: fewer rounds or smaller documents")
+            parts.append(f"Question {len(parts) + 1}. {common.question_text(self.rows[self.at])}")
+            self.at += 1
+        text = "\n\n".join(parts)
+        return text, self.tokenize(text)
 
 
-def timed(port, path, body):
-    common.settle()
-    seconds, answer = common.post(port, path, body)
-    return seconds, answer
+def metrics(port):
+    """decisio's counters of interest from GET /metrics (sums over labels)."""
+    import http.client
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    c.request("GET", "/metrics")
+    want = {"decisio_new_state_seconds_sum": "state_s", "decisio_new_state_seconds_count": "states",
+            "decisio_question_seconds_sum": "decision_s", "decisio_question_seconds_count": "questions",
+            "decisio_question_passes_total": "passes", "decisio_merged_jobs_total": "merged_jobs"}
+    out = dict.fromkeys(want.values(), 0.0)
+    for line in c.getresponse().read().decode().splitlines():
+        name = line.split("{")[0].split(" ")[0]
+        if name in want:
+            out[want[name]] += float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def split_add(into, before, after):
+    for k in before:
+        into[k] = into.get(k, 0.0) + after[k] - before[k]
+
+
+def ask(port, route, doc, qs):
+    """One timed request; returns (seconds, answers, cached flag or None)."""
+    body = {"state": doc, "questions": qs if route == WIRE else as_decide(qs)}
+    seconds, out = common.post(port, route, body)
+    if len(out["answers"]) != len(qs):
+        raise RuntimeError(f"port {port} {route}: {len(out['answers'])} answers of {len(qs)}")
+    state = out.get("state") or out.get("x_state") or {}
+    return seconds, out["answers"], state.get("cached")
+
+
+def top(answer):
+    if answer["type"] == "choice":
+        return answer["choice"]
+    if answer["type"] == "noul":
+        return answer["noul"] >= 0.5
+    p = answer["probabilities"]
+    return max(p, key=lambda k: (p[k], -int(k)))
+
+
+def concurrent_case(port, docs, bodies, clients, limit):
+    """`bodies` (question sets) sent as requests on `docs` in turn by
+    `clients` threads; returns (latencies, wall s, questions answered, requests
+    left out at the deadline, errors)."""
+    deadline = time.perf_counter() + limit
+
+    def one(i):
+        if time.perf_counter() > deadline:
+            return None
+        try:
+            return common.post(port, WIRE, {"state": docs[i % len(docs)], "questions": bodies[i]})[0]
+        except (OSError, RuntimeError) as e:
+            return repr(e)[:200]
+
+    start = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(clients) as pool:
+        done = list(pool.map(one, range(len(bodies))))
+    wall = time.perf_counter() - start
+    lat = [d for d in done if isinstance(d, float)]
+    errors = [d for d in done if isinstance(d, str)]
+    per = len(bodies[0]) if bodies else 0
+    return lat, wall, len(lat) * per, done.count(None), errors
+
+
+def paired(values, ref):
+    """Per-round ratios values[r] / ref[r], with their median and range."""
+    ratios = [v / w for v, w in zip(values, ref) if w]
+    return {"ratios": ratios, **(common.summarize(ratios) if ratios else {})}
+
+
+def fmt(s, digits=2):
+    return (f"{s['median']:.{digits}f} ({s['min']:.{digits}f} to {s['max']:.{digits}f})"
+            if s and "median" in s else "n/a")
+
+
+def start(servers):
+    """Starts the servers named; returns ({name: port}, [processes])."""
+    ports, procs = {}, []
+    try:
+        if "mlx" in servers:
+            p, ports["mlx"] = common.start_decisio()
+            procs.append(p)
+        if "vllm" in servers:
+            up = common.free_port()
+            procs.append(start_vllm(up, block_size=32))
+            p, ports["vllm"] = common.start_decisio(
+                extra=["--backend", "vllm", "--upstream", f"http://127.0.0.1:{up}"])
+            procs.append(p)
+        for name, pad in (("ref", "none"), ("ref-pad", None)):
+            if name in servers:
+                ports[name] = common.free_port()
+                procs.append(start_reference(ports[name], pad_to=pad))
+    except BaseException:
+        stop(procs)
+        raise
+    return ports, procs
+
+
+def stop(procs):
+    for p in reversed(procs):
+        if hasattr(p, "log"):
+            stop_vllm(p)
+        else:
+            p.kill()
+            p.wait()
+
+
+def run(a, ports):
+    """The rounds; returns the raw record."""
+    decisio = [s for s in ("mlx", "vllm") if s in ports]
+    tok = ((lambda t: common.post(ports[decisio[0]], "/tokenize",
+                                  {"model": "model", "prompt": t})[1]["count"])
+           if decisio else (lambda t: None))
+    docs, qgen = Documents(tok), Questions(a.seed)
+    subjects = [(s, r) for s in ports for r in ((WIRE, DECIDE) if s in decisio else (WIRE,))]
+    key = lambda s, r: f"{s} {r}"  # noqa: E731
+    times = {c: {key(*s): [] for s in subjects} for c in a.cases if c != "concurrent"}
+    cached = {c: {key(*s): [] for s in subjects} for c in times}
+    split = {c: {key(*s): {} for s in subjects if s[0] in decisio} for c in a.cases}
+    conc = {s: [] for s in ports}
+    agree, tokens = [], {"state": [], "document": []}
+    for rnd in range(a.rounds + 1):
+        warm = rnd == 0
+        order = subjects[rnd % len(subjects):] + subjects[:rnd % len(subjects)]
+        seen_docs = {}
+        for case in ("read", "new", "seen"):
+            if case not in a.cases:
+                continue
+            for srv, route in order:
+                if case == "seen":
+                    doc = seen_docs.get((srv, route))
+                    if doc is None:  # `new` not run: the document read first, untimed
+                        doc = docs.take(a.tokens)[0]
+                        ask(ports[srv], route, doc, qgen.take(1))
+                else:
+                    doc, n = docs.take(a.state_tokens if case == "read" else a.tokens)
+                    tokens["state" if case == "read" else "document"].append(n)
+                    if case == "new":
+                        seen_docs[(srv, route)] = doc
+                qs = qgen.take(1 if case == "read" else a.questions)
+                before = metrics(ports[srv]) if srv in decisio else None
+                common.settle()
+                secs, _, flag = ask(ports[srv], route, doc, qs)
+                if warm:
+                    continue
+                times[case][key(srv, route)].append(secs / (len(qs) if case == "seen" else 1))
+                cached[case][key(srv, route)].append(flag)
+                if before:
+                    split_add(split[case][key(srv, route)], before, metrics(ports[srv]))
+        if "ref" in ports and len(ports) > 1:
+            doc, _ = docs.take(a.tokens)
+            qs = qgen.take(a.questions)
+            tops = {s: {k: top(x) for k, x in ask(ports[s], WIRE, doc, qs)[1].items()}
+                    for s in ports}
+            agree.append({s: sum(t[k] == tops["ref"][k] for k in qs)
+                          for s, t in tops.items() if s != "ref"})
+        if "concurrent" in a.cases:  # the warm-up's: one request per client
+            for srv in list(ports)[rnd % len(ports):] + list(ports)[:rnd % len(ports)]:
+                four = [docs.take(a.state_tokens)[0] for _ in range(4)]
+                bodies = [qgen.take(5) for _ in range(a.clients if warm else a.requests)]
+                before = metrics(ports[srv]) if srv in decisio else None
+                common.settle()
+                lat, wall, decided, left, errors = concurrent_case(ports[srv], four, bodies,
+                                                                   a.clients, a.limit)
+                if warm:
+                    continue
+                conc[srv].append({"latencies": lat, "wall_s": wall, "decisions": decided,
+                                  "left_out": left, "errors": errors, "per_s": decided / wall})
+                if before:
+                    split_add(split["concurrent"][key(srv, WIRE)], before, metrics(ports[srv]))
+        if not warm:
+            print(f"[bench] round {rnd} of {a.rounds} done", flush=True)
+    return {"subjects": [key(*s) for s in subjects], "seconds": times, "cached": cached,
+            "split": split, "concurrent": conc, "agreement_with_ref": agree, "tokens": tokens}
+
+
+def summarize(rec, ref="ref"):
+    """Medians, ranges and paired ratios (to `ref`'s /v1/systemone) per case."""
+    out = {}
+    for case, per in rec["seconds"].items():
+        base = per.get(f"{ref} {WIRE}")
+        out[case] = {s: {"time": common.summarize(v) if v else None,
+                         "ratio": paired(v, base) if base else None,
+                         "ratio_pad": paired(v, per.get(f"ref-pad {WIRE}") or [])}
+                     for s, v in per.items()}
+    if any(rec["concurrent"].values()):
+        c = rec["concurrent"]
+        out["concurrent"] = {}
+        for s, runs in c.items():
+            lat = [x for r in runs for x in r["latencies"]]
+            rate = [r["per_s"] for r in runs]
+            out["concurrent"][s] = {
+                "per_s": common.summarize(rate) if rate else None,
+                "p50_s": common.nearest_rank(lat, 0.5), "p99_s": common.nearest_rank(lat, 0.99),
+                "ratio": paired(rate, [r["per_s"] for r in c.get(ref, [])]),
+                "left_out": sum(r["left_out"] for r in runs),
+                "errors": sum(len(r["errors"]) for r in runs)}
+    return out
+
+
+def plot(summary, path, n):
+    rows = [(case, s, v["time"]["median"]) for case, per in summary.items() if case != "concurrent"
+            for s, v in per.items() if v["time"]]
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        exe = common.DECISIO.parent / "examples" / "paired_bars"
+        new, seen = summary.get("new", {}), summary.get("seen", {})
+        if not exe.exists() or not new:
+            return "not drawn (neither matplotlib nor the paired_bars example)"
+        bars = [{"name": s, "a": v["time"]["median"],
+                 "b": (seen.get(s) or {}).get("time", {}).get("median", 0) * n}
+                for s, v in new.items() if v["time"]]
+        subprocess.run([str(exe), json.dumps({"rows": bars, "names": ["new document", f"seen: {n} new"],
+                        "y": "seconds per request (median)", "title": f"System One, {n} questions"}),
+                        str(path)], check=True)
+        return "drawn by the paired_bars example: new document vs as many new questions on it"
+    cases = sorted({r[0] for r in rows})
+    fig, axes = plt.subplots(1, max(1, len(cases)), figsize=(5 * max(1, len(cases)), 4.5))
+    for ax, case in zip(axes if len(cases) > 1 else [axes], cases):
+        mine = [r for r in rows if r[0] == case]
+        ax.barh([r[1] for r in mine], [r[2] for r in mine])
+        ax.set_title(CASES[case], fontsize=9)
+        ax.set_xlabel("seconds (median)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return "drawn with matplotlib: each case's median seconds per subject"
+
+
+def write(a, out, rec, summary, picture):
+    m = common.machine()
+    label = lambda s: f"{NAMES[s.split()[0]]}, {s.split()[1]}"  # noqa: E731
+    toks = [t for t in rec["tokens"]["document"] if t] or [0]
+    st = [t for t in rec["tokens"]["state"] if t] or [0]
+    lines = ["# System One: decisio beside the reference decisio 0.35.0, new questions only", "",
+             f"Command: `python scripts/bench/systemone.py {' '.join(sys.argv[1:])}`"
+             " (`make bench-systemone` runs it with no options).",
+             f"Machine: {m['cpus']} CPUs, {m['processor'] or 'x86_64'}, {m['platform']}; the fixture"
+             f" (SmolLM2-135M-Instruct). Documents of MMLU questions ({min(toks)} to {max(toks)}"
+             f" tokens for ~{a.tokens}; {min(st)} to {max(st)} for ~{a.state_tokens}), each read by"
+             " one subject only; every question body sent once.", "",
+             f"{a.rounds} timed rounds after one untimed round, the subjects in an order rotated"
+             " each round. Times: median (min to max). Ratio: paired within a round, a subject's"
+             " over the reference's (`--pad-to none`; ratio pad: over the default-padded one),"
+             " median (min to max) of the rounds' ratios.", ""]
+    for case, per in summary.items():
+        lines += [f"## {case}: {CASES[case]}", ""]
+        if case == "concurrent":
+            lines += [f"{a.clients} clients, {a.requests} requests of 5 new questions on 4"
+                      f" documents of ~{a.state_tokens} tokens, on {WIRE}; ratio = decisions per"
+                      " second over the reference's (higher is faster).", "",
+                      "| server | decisions/s | ratio | p50 s | p99 s | left out | errors |",
+                      "|---|---|---|---|---|---|---|"]
+            for s, v in per.items():
+                p50, p99 = v["p50_s"], v["p99_s"]
+                lines.append(f"| {NAMES[s]} | {fmt(v['per_s'])} | {fmt(v['ratio'])} |"
+                             f" {p50 if p50 is None else f'{p50:.2f}'} |"
+                             f" {p99 if p99 is None else f'{p99:.2f}'} | {v['left_out']} |"
+                             f" {v['errors']} |")
+        else:
+            d = 4 if case == "seen" else 2
+            lines += [{"read": f"One new question on a new document of ~{a.state_tokens} tokens:"
+                       " the whole request, mostly the state's read.",
+                       "new": f"A new document of ~{a.tokens} tokens and {a.questions} new"
+                       " questions in one request: the whole request.",
+                       "seen": f"{a.questions} new questions on the document the subject read in"
+                       " `new` this round: the request's time over its questions."}[case], ""]
+            lines += ["| server, route | time | ratio | ratio pad | state cached |",
+                      "|---|---|---|---|---|"]
+            for s, v in per.items():
+                flags = rec["cached"][case][s]
+                hits = (f"{sum(bool(f) for f in flags)} of {len(flags)}"
+                        if any(f is not None for f in flags) else "not reported")
+                lines.append(f"| {label(s)} | {fmt(v['time'], d)} | {fmt(v['ratio'])} |"
+                             f" {fmt(v['ratio_pad'])} | {hits} |")
+        lines.append("")
+    if rec["agreement_with_ref"]:
+        lines += ["## Agreement", "", "Top options agreeing with the reference (`--pad-to none`)"
+                  f" of {a.questions}, the same document and questions on every server's /v1/systemone,"
+                  " one document per round (the first is the warm-up's):", ""]
+        for s in rec["agreement_with_ref"][0]:
+            lines.append(f"- {NAMES[s]}: " + ", ".join(str(d[s]) for d in rec["agreement_with_ref"]))
+        lines.append("")
+    lines += ["## Split of time (decisio's /metrics)", "",
+              "Over the timed rounds: seconds reading new states (`decisio_new_state_seconds`),"
+              " seconds of the questions (`decisio_question_seconds`' sum less the states'),"
+              " passes and merged jobs.", "",
+              "| case | server, route | new states | state read s | questions | question s |"
+              " passes | merged jobs |", "|---|---|---|---|---|---|---|---|"]
+    for case, per in rec["split"].items():
+        for s, v in per.items():
+            if v:
+                lines.append(f"| {case} | {label(s)} | {v['states']:.0f} | {v['state_s']:.2f} |"
+                             f" {v['questions']:.0f} | {v['decision_s'] - v['state_s']:.2f} |"
+                             f" {v['passes']:.0f} | {v['merged_jobs']:.0f} |")
+    lines += ["", f"`times.png`: {picture}. `results.json`: every time and latency.", ""]
+    (out / "summary.md").write_text("\n".join(lines))
+    print("\n".join(lines))
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--tokens", type=int, default=3000)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--tokens", type=int, default=3000, help="the 50-question documents")
+    ap.add_argument("--questions", type=int, default=50, help="per request of new and seen")
+    ap.add_argument("--state-tokens", type=int, default=1000, help="read and concurrent cases")
+    ap.add_argument("--cases", default="read,new,seen,concurrent")
+    ap.add_argument("--servers", default="mlx,vllm,ref,ref-pad")
+    ap.add_argument("--clients", type=int, default=16)
+    ap.add_argument("--requests", type=int, default=200)
+    ap.add_argument("--limit", type=float, default=900, help="seconds per concurrent run")
+    ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args()
+    a.cases, a.servers = a.cases.split(","), a.servers.split(",")
+    bad = set(a.cases) - set(CASES) | set(a.servers) - set(NAMES)
+    if bad:
+        ap.error(f"unknown: {', '.join(sorted(bad))}")
     out = common.run_dir("systemone-bench")
-
-    mlx, mlx_port = common.start_decisio()
-    vllm_port = common.free_port()
-    vllm = start_vllm(vllm_port, block_size=32)
-    gw, gw_port = common.start_decisio(
-        extra=["--backend", "vllm", "--upstream", f"http://127.0.0.1:{vllm_port}"])
-    ref_port = common.free_port()
-    ref = start_reference(ref_port, pad_to=None)
+    ports, procs = start(a.servers)
     try:
-        qs = questions()
-        decide_qs = as_decide(qs)
-        docs = documents(mlx_port, common.mmlu_rows(), a.reps + 1, a.tokens)
-        cases = [
-            ("decisio MLX, /v1/systemone", mlx_port, "/v1/systemone"),
-            ("decisio MLX, /v1/decide", mlx_port, "/v1/decide"),
-            ("decisio vLLM backend, /v1/systemone", gw_port, "/v1/systemone"),
-            ("decisio vLLM backend, /v1/decide", gw_port, "/v1/decide"),
-            ("reference decisio 0.35.0, /v1/systemone", ref_port, "/v1/systemone"),
-        ]
-
-        def body(path, doc):
-            if path == "/v1/systemone":
-                return {"state": doc, "questions": qs}
-            return {"state": doc, "questions": decide_qs}
-
-        times = {name: {"new": [], "seen": []} for name, _, _ in cases}
-        answers = {}
-        for r, (doc, _) in enumerate(docs):
-            for name, port, path in cases:
-                new, first = timed(port, path, body(path, doc))
-                seen, again = timed(port, path, body(path, doc))
-                n = len(first["answers"])
-                if n != 50:
-                    raise RuntimeError(f"{name}: {n} answers of 50")
-                if r == 0:
-                    continue  # the warm-up round: not timed
-                times[name]["new"].append(new)
-                times[name]["seen"].append(seen)
-                if r == 1:
-                    answers[name] = first["answers"]
-            if r:
-                print(f"[bench] round {r} of {a.reps}, new state: " + ", ".join(
-                    f"{name} {times[name]['new'][-1]:.2f} s" for name, _, _ in cases), flush=True)
+        rec = run(a, ports)
     finally:
-        stop_vllm(ref)
-        stop_vllm(vllm)
-        for p in (gw, mlx):
-            p.kill()
-
-    ref_name = cases[-1][0]
-    summary = {name: {k: common.summarize(v) for k, v in t.items()} for name, t in times.items()}
-    ratios = {name: {k: summary[name][k]["median"] / summary[ref_name][k]["median"]
-                     for k in ("new", "seen")} for name in summary}
-    # The wire's answers beside the reference's: the same top option?
-    agree = {}
-    for name in ("decisio MLX, /v1/systemone", "decisio vLLM backend, /v1/systemone"):
-        same = 0
-        for qid, theirs in answers[ref_name].items():
-            ours = answers[name][qid]
-            if theirs["type"] == "choice":
-                same += ours["choice"] == theirs["choice"]
-            elif theirs["type"] == "noul":
-                same += (ours["noul"] >= 0.5) == (theirs["noul"] >= 0.5)
-            else:
-                top = lambda p: max(p, key=lambda k: (p[k], -int(k)))  # noqa: E731
-                same += top(ours["probabilities"]) == top(theirs["probabilities"])
-        agree[name] = same
-    tokens = [t for _, t in docs[1:]]
-    record = {"machine": common.machine(), "reps": a.reps, "document_tokens": tokens,
-              "questions": {"noul": 17, "choice": 17, "score": 16}, "seconds": times,
-              "summary": summary, "ratio_to_reference": ratios,
-              "same_top_answer_as_reference": agree}
-    (out / "results.json").write_text(json.dumps(record, indent=2) + "\n")
-
-    short = ["MLX wire", "MLX decide", "vLLM wire", "vLLM decide", "reference"]
-    rows = [{"name": label, "a": summary[name]["new"]["median"],
-             "b": summary[name]["seen"]["median"]} for label, name in zip(short, summary)]
-    plot = out / "times.png"
-    subprocess.run(["cargo", "build", "--release", "--quiet", "--example", "paired_bars"],
-                   cwd=common.ROOT, check=True)
-    subprocess.run([str(common.DECISIO.parent / "examples" / "paired_bars"),
-                    json.dumps({"rows": rows, "names": ["new state", "seen state"],
-                                "y": "seconds per request (median)",
-                                "title": "50 System One questions on one ~3,000-token document"}),
-                    str(plot)], check=True)
-
-    lines = [
-        "# System One: 50 questions on one document, decisio beside the reference decisio",
-        "",
-        f"Command: `python scripts/bench/systemone.py --reps {a.reps} --tokens {a.tokens}`"
-        " (`make bench`).",
-        f"Machine: {common.machine()['cpus']} CPUs, {common.machine()['processor'] or 'x86_64'};"
-        f" the fixture (SmolLM2-135M-Instruct); documents of {min(tokens)} to {max(tokens)} tokens"
-        " (MMLU questions); 17 yes/no, 17 four-option choices, 16 five-level scores.",
-        "",
-        "Each server was asked about a document it had not seen (new state), then the same request"
-        f" again (seen state), the servers in turn; {a.reps} rounds after one untimed round."
-        " Seconds per whole request, median (min to max); ratio = decisio's median over the"
-        " reference's.",
-        "",
-        "| server, route | new state s | ratio | seen state s | ratio |",
-        "|---|---|---|---|---|",
-    ]
-    for name in summary:
-        n, s = summary[name]["new"], summary[name]["seen"]
-        lines.append(f"| {name} | {n['median']:.2f} ({n['min']:.2f} to {n['max']:.2f}) |"
-                     f" {ratios[name]['new']:.2f} | {s['median']:.2f} ({s['min']:.2f} to"
-                     f" {s['max']:.2f}) | {ratios[name]['seen']:.2f} |")
-    lines += ["", "On MLX a state's prefix-cache entry keeps the answers already read on it, so the"
-              " same questions again are looked up, not computed (the seen-state figure); vLLM"
-              " caches the state's blocks but computes every question's last positions again."]
-    lines += ["", "Same top answer as the reference on the first timed document (of 50):"]
-    lines += [f"- {name}: {k}" for name, k in agree.items()]
-    lines += ["", "`times.png`: the medians (wire: `/v1/systemone`; decide: `/v1/decide`;"
-              " vLLM: decisio's vLLM backend). `results.json`: every time.", ""]
-    (out / "summary.md").write_text("\n".join(lines))
-    print("\n".join(lines))
+        stop(procs)
+    summary = summarize(rec)
+    picture = plot(summary, out / "times.png", a.questions)
+    (out / "results.json").write_text(json.dumps(
+        {"machine": common.machine(), "options": vars(a), **rec, "summary": summary}, indent=2) + "\n")
+    write(a, out, rec, summary, picture)
 
 
 if __name__ == "__main__":
