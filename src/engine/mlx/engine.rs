@@ -245,7 +245,11 @@ fn engine_thread(
                     }
                 }
             }
-            Work::Generate { request, events } => {
+            Work::Whole(Job::Score { request, reply }) => {
+                work.push_back(Work::Scoring(Scoring::new(request, reply)));
+                0
+            }
+            Work::Whole(Job::Generate { request, events }) => {
                 let kept = Kept {
                     cache: &prefix_cache,
                     index: &mut prompts,
@@ -255,7 +259,7 @@ fn engine_thread(
                 }
                 1
             }
-            Work::Embed { inputs, reply } => {
+            Work::Whole(Job::Embed { inputs, reply }) => {
                 if !reply.is_closed() {
                     let kept = Kept {
                         cache: &prefix_cache,
@@ -273,25 +277,18 @@ fn engine_thread(
     }
 }
 
-/// What the engine thread has in hand.
+/// What the engine thread has in hand: a scoring job, read a step at a
+/// time, or a job run whole when its turn comes.
 enum Work {
     Scoring(Scoring),
-    Generate {
-        request: GenerateRequest,
-        events: mpsc::Sender<Result<GenerateEvent, EngineError>>,
-    },
-    Embed {
-        inputs: Vec<Vec<u32>>,
-        reply: oneshot::Sender<Result<Vec<Vec<f32>>, EngineError>>,
-    },
+    Whole(Job),
 }
 
 impl Work {
     fn of(job: Job) -> Self {
         match job {
             Job::Score { request, reply } => Work::Scoring(Scoring::new(request, reply)),
-            Job::Generate { request, events } => Work::Generate { request, events },
-            Job::Embed { inputs, reply } => Work::Embed { inputs, reply },
+            other => Work::Whole(other),
         }
     }
 }
