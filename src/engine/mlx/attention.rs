@@ -35,6 +35,12 @@ pub fn attention(
                 * profile::elements(q)
                 * (own.0.shape()[2] + shared.as_ref().map_or(0, |s| s.0.shape()[2])) as f64;
             return profile::op(Class::AttentionProducts, flops, || {
+                if host.apply(q) && window.is_none() {
+                    let shared = shared.as_ref().map(|(k, v)| (k, v));
+                    if let Some(out) = host::split_attention(q, shared, (&own.0, &own.1), scale)? {
+                        return Ok(out);
+                    }
+                }
                 split_attention(q, shared.as_ref(), own, scale, window)
             });
         }

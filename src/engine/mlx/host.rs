@@ -392,6 +392,156 @@ pub fn attention(q: &Array, k: &Array, v: &Array, scale: f32, causal: bool) -> M
     Ok(ops::reshape(&out, &[b, h, l, d])?)
 }
 
+/// A question pass's attention ([`super::attention::split_attention`]) on
+/// float32 through `cblas_sgemm` and the vectorised softmax: each query's
+/// scores over the state's keys (`shared`, batch 1: one product per key
+/// head for every row's queries at once) and its row's own keys (causal)
+/// side by side in one row, one softmax over both, and the two products
+/// with the values summed. `None`, with nothing computed, where no
+/// `cblas_sgemm` is loaded.
+pub fn split_attention(
+    q: &Array,
+    shared: Option<(&Array, &Array)>,
+    own: (&Array, &Array),
+    scale: f32,
+) -> MlxResult<Option<Array>> {
+    let Some(sgemm) = sgemm() else {
+        return Ok(None);
+    };
+    let [b, h, l, d] = [q.shape()[0], q.shape()[1], q.shape()[2], q.shape()[3]];
+    let (kvh, t) = (own.0.shape()[1], own.0.shape()[2]);
+    let rep = h / kvh;
+    // The queries as [kv head, row, head of its group, position, dim].
+    let qs = ops::multiply(q, &Array::from_f32(scale).as_dtype(q.dtype())?)?;
+    let qs = ops::reshape(&qs, &[b, kvh, rep, l, d])?.transpose_axes(&[1, 0, 2, 3, 4])?;
+    let (qs, ko, vo) = (host_f32(&qs)?, host_f32(own.0)?, host_f32(own.1)?);
+    let state = shared
+        .map(|(k, v)| Ok::<_, crate::engine::mlx::MlxError>((host_f32(k)?, host_f32(v)?)))
+        .transpose()?;
+    let n = |x: i32| x as usize;
+    let (b_, kvh_, l_, d_, t_) = (n(b), n(kvh), n(l), n(d), n(t));
+    let s_ = state.as_ref().map_or(0, |(k, _)| k.shape()[2] as usize);
+    let width = s_ + t_;
+    let (per_head, block) = (b_ * n(rep) * l_, n(rep) * l_);
+    let rows = kvh_ * per_head;
+    let (qs, ko, vo) = (
+        qs.as_slice::<f32>(),
+        ko.as_slice::<f32>(),
+        vo.as_slice::<f32>(),
+    );
+    let state = state
+        .as_ref()
+        .map(|(k, v)| (k.as_slice::<f32>(), v.as_slice::<f32>()));
+    let int = |x: usize| i32::try_from(x).expect("a product's side fits in an i32");
+    // C = A op(B) (+ C with `add`), row-major, with leading dimensions.
+    #[allow(clippy::too_many_arguments)]
+    let product = |a: &[f32],
+                   lda: usize,
+                   b: &[f32],
+                   ldb: usize,
+                   trans_b: bool,
+                   c: &mut [f32],
+                   ldc: usize,
+                   (m, nn, k): (usize, usize, usize),
+                   add: bool| {
+        // SAFETY: every caller passes slices that start at the first
+        // element read or written and hold the whole matrices with their
+        // leading dimensions.
+        unsafe {
+            sgemm(
+                ROW_MAJOR,
+                NO_TRANS,
+                if trans_b { TRANS } else { NO_TRANS },
+                int(m),
+                int(nn),
+                int(k),
+                1.0,
+                a.as_ptr(),
+                int(lda),
+                b.as_ptr(),
+                int(ldb),
+                if add { 1.0 } else { 0.0 },
+                c.as_mut_ptr(),
+                int(ldc),
+            )
+        }
+    };
+    let out = with_buffers(rows * width, rows * d_, |scores, out| {
+        for g in 0..kvh_ {
+            let first = g * per_head;
+            if let Some((ks, _)) = state {
+                let (q, c) = (&qs[first * d_..], &mut scores[first * width..]);
+                product(
+                    q,
+                    d_,
+                    &ks[g * s_ * d_..],
+                    d_,
+                    true,
+                    c,
+                    width,
+                    (per_head, s_, d_),
+                    false,
+                );
+            }
+            for r in 0..b_ {
+                let at = first + r * block;
+                let keys = &ko[(r * kvh_ + g) * t_ * d_..];
+                let c = &mut scores[at * width + s_..];
+                product(
+                    &qs[at * d_..],
+                    d_,
+                    keys,
+                    d_,
+                    true,
+                    c,
+                    width,
+                    (block, t_, d_),
+                    false,
+                );
+            }
+        }
+        for (i, row) in scores.chunks_exact_mut(width).enumerate() {
+            softmax_row_in_place(row, s_ + t_ - l_ + i % l_ + 1);
+        }
+        for g in 0..kvh_ {
+            let first = g * per_head;
+            if let Some((_, vs)) = state {
+                let (p, c) = (&scores[first * width..], &mut out[first * d_..]);
+                product(
+                    p,
+                    width,
+                    &vs[g * s_ * d_..],
+                    d_,
+                    false,
+                    c,
+                    d_,
+                    (per_head, d_, s_),
+                    false,
+                );
+            }
+            for r in 0..b_ {
+                let at = first + r * block;
+                let values = &vo[(r * kvh_ + g) * t_ * d_..];
+                let (p, c) = (&scores[at * width + s_..], &mut out[at * d_..]);
+                product(
+                    p,
+                    width,
+                    values,
+                    d_,
+                    false,
+                    c,
+                    d_,
+                    (block, d_, t_),
+                    state.is_some(),
+                );
+            }
+        }
+        Array::from_slice(out, &[kvh, b, rep, l, d])
+    });
+    let out = out.transpose_axes(&[1, 0, 2, 3, 4])?;
+    Ok(Some(ops::reshape(&out, &[b, h, l, d])?))
+}
+
 /// `silu(gate) * up`, element-wise, for two arrays of one shape.
 pub fn swiglu(gate: &Array, up: &Array) -> MlxResult<Array> {
     let (g, u) = (host_f32(gate)?, host_f32(up)?);
