@@ -399,7 +399,12 @@ impl TextRoute {
             )))
     }
 
-    /// Questions on one read of a state, scored outside the prefix cache.
+    /// Questions on one read of a state, scored outside the prefix cache,
+    /// as the backend reads a decision's questions by default (its first
+    /// mode; `sequential` where that is `packed`, whose one prompt is not
+    /// the questions' own): the vLLM backend's `warm` list continues the
+    /// state as MLX's question pass does, so a task learnt on either
+    /// backend reads the same numbers.
     async fn score_alone(
         &self,
         state: State,
@@ -409,13 +414,17 @@ impl TextRoute {
     ) -> Result<Vec<QuestionScore>, RouteError> {
         let (prefix, tokens) = self.prepare(&state, &questions[..1], questions)?;
         let hash = self.state_hash(&prefix);
+        let mode = match self.engine().capabilities().modes.first() {
+            Some(MultiQuestion::Packed) | None => MultiQuestion::Sequential,
+            Some(&m) => m,
+        };
         let receiver = self.engine().score(ScoreRequest {
             state: hash,
             prefix,
             questions: tokens,
             hidden,
             hidden_layer,
-            mode: MultiQuestion::Sequential,
+            mode,
             cache: false,
             packed: None,
         })?;
