@@ -15,6 +15,7 @@ use decisio::route::wire::{
 };
 use decisio::server::systemone::{parse_request, state_text, to_asked};
 use serde_json::{json, Value};
+use std::time::Duration;
 
 const TICKET: &str = "I was charged twice for March and I want my money back now, or I \
                       will dispute the charge with my bank.";
@@ -31,7 +32,9 @@ fn questions() -> Value {
 }
 
 fn ask(s: &Server, body: &Value) -> Value {
-    let r = s.post_json("/v1/systemone", body);
+    // Up to 10 minutes: 255 long criteria take a loaded machine past a
+    // test's default read timeout of 2 minutes.
+    let r = s.post_json_waiting("/v1/systemone", body, Duration::from_secs(600));
     assert_eq!(r.status, 200, "{}", r.text());
     r.json()
 }

@@ -13,6 +13,7 @@ mod common;
 
 use common::{reference_decisions as reference, reference_questions as questions, Server};
 use serde_json::{json, Value};
+use std::time::Duration;
 
 fn ok(r: common::Response) -> Value {
     assert_eq!(r.status, 200, "{}", r.text());
@@ -53,8 +54,14 @@ fn sent(s: &Server) -> f64 {
 /// A decision through `s`, and the upstream requests it took.
 fn decide_counted(s: &Server, body: &Value) -> (Value, f64) {
     let before = sent(s);
-    let d = ok(s.post_json("/v1/decide", body));
+    let d = decide(s, body);
     (d, sent(s) - before)
+}
+
+/// A decision, waited for as long as a loaded machine may take to read
+/// 255 long options (a test's default read timeout is 2 minutes).
+fn decide(s: &Server, body: &Value) -> Value {
+    ok(s.post_json_waiting("/v1/decide", body, Duration::from_secs(600)))
 }
 
 /// Every answer's probabilities and letter log-probabilities as f32 bits.
@@ -113,7 +120,7 @@ fn a_question_of_255_options_is_read_past_the_128_ids_of_one_request() {
     let body = json!({"state": "The sky on a clear day is blue.", "questions": [
         {"text": "Which crate holds 200 apples?", "options": options},
         {"text": "What colour is the sky?", "options": ["red", "blue", "green"]}]});
-    let direct = ok(mlx.post_json("/v1/decide", &body));
+    let direct = decide(&mlx, &body);
     // The letters in two list requests of both prompts (128 and 127 ids),
     // sent at once.
     let (d, requests) = decide_counted(&gw, &body);
