@@ -73,7 +73,7 @@ impl Default for Limits {
             max_completion_prompts: 1024,
             max_stop: 4,
             max_stop_bytes: 256,
-            prefill_chunk: 256,
+            prefill_chunk: 512,
             pass_tokens: 1024,
             prefix_cache_mib: 2048,
             letter_temperature: 1.0,
