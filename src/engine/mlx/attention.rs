@@ -4,6 +4,7 @@
 //! shared state and each row's own positions ([`split_attention`]).
 
 use mlx_rs::fast::{self, ScaledDotProductAttentionMask};
+use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{ops, Array, Dtype};
 
 use super::cache::Keys;
@@ -114,7 +115,28 @@ fn attention_part(
     let m = ops::max_axis(&scores, -1, true)?;
     let p = ops::exp(&ops::subtract(&scores, &m)?)?;
     let l = ops::sum_axis(&p, -1, true)?;
-    Ok((m, l, ops::matmul(&p, &v)?))
+    Ok((m, l, weighted(&p, &v)?))
+}
+
+/// `p · v`, summed over blocks of [`host::MAX_INNER`] keys at fixed key
+/// boundaries, so that a row's bits do not depend on how many rows, or how
+/// many padding keys, share the product (the constant says why).
+fn weighted(p: &Array, v: &Array) -> MlxResult<Array> {
+    let keys = v.shape()[2];
+    let block = host::MAX_INNER as i32;
+    if keys <= block {
+        return Ok(ops::matmul(p, v)?);
+    }
+    let mut sum: Option<Array> = None;
+    for from in (0..keys).step_by(host::MAX_INNER) {
+        let to = (from + block).min(keys);
+        let part = ops::matmul(p.index((.., .., .., from..to)), v.index((.., .., from..to)))?;
+        sum = Some(match sum {
+            Some(s) => ops::add(&s, &part)?,
+            None => part,
+        });
+    }
+    Ok(sum.expect("at least one block"))
 }
 
 /// Attention of a question pass's queries (`[B, H, L, D]`, the last `L`

@@ -228,6 +228,19 @@ const ROW_MAJOR: i32 = 101;
 const NO_TRANS: i32 = 111;
 const TRANS: i32 = 112;
 
+/// The most keys one product of a question pass's attention weights by its
+/// values sums over, in [`split_attention`] here and in MLX's
+/// (`super::attention`): longer key ranges are summed in blocks of this
+/// many, at the same key boundaries whatever the pass. OpenBLAS's threaded
+/// `sgemm` splits a longer inner dimension in a way that depends on the
+/// product's other sides, so on how many questions a pass holds and on its
+/// longest row: measured on the hybrid Qwen's tiny conversion, a question
+/// on a 700-token state read alone and beside three others differed in its
+/// probabilities' low bits with OpenBLAS's threads on, and agreed with
+/// `OPENBLAS_NUM_THREADS=1` or with these blocks. A row's padding keys
+/// (weight exactly 0) then only add zeros.
+pub const MAX_INNER: usize = 128;
+
 /// The `cblas_sgemm` MLX's own products call, found in the process at the
 /// first use: the BLAS linked ahead of MLX (OpenBLAS, scripts/mlx-linux) or
 /// the one MLX brought. `None` where no such symbol is loaded; attention
@@ -466,6 +479,29 @@ pub fn split_attention(
             )
         }
     };
+    // Weights (`m × keys`, leading dimension `ldp`) times values (`keys ×
+    // n`), added to `c` with `add`, summed over blocks of MAX_INNER keys.
+    let weighted = |p: &[f32],
+                    ldp: usize,
+                    values: &[f32],
+                    c: &mut [f32],
+                    (m, nn, keys): (usize, usize, usize),
+                    add: bool| {
+        for (i, from) in (0..keys).step_by(MAX_INNER).enumerate() {
+            let inner = MAX_INNER.min(keys - from);
+            product(
+                &p[from..],
+                ldp,
+                &values[from * nn..],
+                nn,
+                false,
+                c,
+                nn,
+                (m, nn, inner),
+                add || i > 0,
+            );
+        }
+    };
     let out = with_buffers(rows * width, rows * d_, |scores, out| {
         for g in 0..kvh_ {
             let first = g * per_head;
@@ -507,33 +543,14 @@ pub fn split_attention(
             let first = g * per_head;
             if let Some((_, vs)) = state {
                 let (p, c) = (&scores[first * width..], &mut out[first * d_..]);
-                product(
-                    p,
-                    width,
-                    &vs[g * s_ * d_..],
-                    d_,
-                    false,
-                    c,
-                    d_,
-                    (per_head, d_, s_),
-                    false,
-                );
+                let values = &vs[g * s_ * d_..];
+                weighted(p, width, values, c, (per_head, d_, s_), false);
             }
             for r in 0..b_ {
                 let at = first + r * block;
                 let values = &vo[(r * kvh_ + g) * t_ * d_..];
                 let (p, c) = (&scores[at * width + s_..], &mut out[at * d_..]);
-                product(
-                    p,
-                    width,
-                    values,
-                    d_,
-                    false,
-                    c,
-                    d_,
-                    (block, d_, t_),
-                    state.is_some(),
-                );
+                weighted(p, width, values, c, (block, d_, t_), state.is_some());
             }
         }
         Array::from_slice(out, &[kvh, b, rep, l, d])
