@@ -150,13 +150,6 @@ pub struct UpstreamLimits {
     /// state is taken as found cached only when it was sent before
     /// (`docs/design/vllm.md`, "One request per state").
     pub remembered_states: usize,
-    /// The padding block when the upstream does not say its own.
-    pub pad_block: usize,
-    /// The largest unit of an upstream's prefix-cache hits that states are
-    /// padded to by default: padding adds up to one unit less a token of
-    /// filler before the questions, so a larger unit (a hybrid model's
-    /// aligned block, hundreds of tokens) turns padding off.
-    pub max_auto_pad_block: usize,
 }
 
 impl Default for UpstreamLimits {
@@ -180,8 +173,6 @@ impl Default for UpstreamLimits {
             batch_tokens: 32768,
             batch_prompts: 64,
             remembered_states: 65536,
-            pad_block: 16,
-            max_auto_pad_block: 64,
         }
     }
 }

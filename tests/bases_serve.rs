@@ -818,7 +818,20 @@ fn gemma_4_31b_serves_every_route_feature() {
 fn systemone_matrix(base: &str, model: &str, tokenizer: &str) {
     let mlx = serve(base, model, tokenizer, &[]);
     let url = mlx.url();
-    let vllm = serve(base, model, tokenizer, &common::unpadded_gateway_args(&url));
+    let vllm = serve(base, model, tokenizer, &common::gateway_args(&url));
+    // The base's padding, applied alike by both backends: the Qwen base's
+    // states front-padded with newlines to its 1,056-token block (the
+    // reference decisio's), the Gemma bases' not padded.
+    let short = json!({"state": "Ada's parcel never came.",
+                       "questions": [{"text": "Does Ada want a refund?", "options": ["yes", "no"]}]});
+    let tokens = |s: &Server| decide(s, &short)["state"]["tokens"].as_u64().unwrap();
+    let (padded, sent) = (tokens(&mlx), tokens(&vllm));
+    assert_eq!(padded, sent, "{base}");
+    if base.starts_with("qwen") {
+        assert_eq!(padded, 1056, "{base}");
+    } else {
+        assert!(padded < 100, "{base}: {padded} tokens");
+    }
     // Short keys: a tiny tokenizer spends a token per byte of text.
     let many: serde_json::Map<String, Value> =
         (0..255).map(|i| (format!("s{i}"), Value::Null)).collect();

@@ -409,12 +409,13 @@ fn gemma_prompts_are_the_reference_decisios_token_for_token() {
 }
 
 /// The fixture's MLX server and a vLLM-backend gateway in front of it
-/// (which speaks vLLM's API), unpadded so that both read the same prompt,
-/// both started with `flags`.
+/// (which speaks vLLM's API), both with the default padding (none for a
+/// model outside the bases) so that both read the same prompt, both started
+/// with `flags`.
 fn mlx_and_gateway(flags: &[&str]) -> (Server, Server) {
     let mlx = Server::start(flags);
     let url = mlx.url();
-    let mut args = common::unpadded_gateway_args(&url);
+    let mut args = common::gateway_args(&url);
     args.extend(flags);
     let gateway = Server::start(&args);
     (mlx, gateway)

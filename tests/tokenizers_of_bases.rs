@@ -292,8 +292,11 @@ fn qwen3_6_ranks_hold_the_letters_at_qwen3s_ids() {
             "`{l}`: Qwen3.6 rank {rank:?}, Qwen3 id {id}"
         );
     }
-    let space = qwen3.encode(PAD_TEXT, false).unwrap();
-    assert_eq!(ranks.get(PAD_TEXT.as_bytes()).copied(), Some(space[0]));
+    let filler = qwen3.encode(PAD_TEXT, false).unwrap();
+    assert_eq!(ranks.get(PAD_TEXT.as_bytes()).copied(), Some(filler[0]));
+    // The reference decisio's filler token (`PAD_TOKEN` in its
+    // `serve/vllm_engine.py`): 198, `\n` on Qwen's vocabulary.
+    assert_eq!(filler, [198]);
     // The letters agree, but the vocabularies do not: Qwen3's tokenizer is
     // no stand-in for Qwen3.6's.
     let same = (0..qwen3.vocab_size() as u32)

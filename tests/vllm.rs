@@ -162,8 +162,12 @@ fn parity_with_the_mlx_backend_over_mmlu_questions() {
 
 #[test]
 fn block_padding_and_sequential_mode_give_the_same_answers_on_both_backends() {
+    // --pad-block alone turns padding on, on either backend.
     let mlx = Server::start(&["--pad-policy", "block", "--pad-block", "16"]);
-    let vllm = gateway(&[&mlx], &["--multi-question", "sequential"]);
+    let vllm = gateway(
+        &[&mlx],
+        &["--pad-block", "16", "--multi-question", "sequential"],
+    );
     let unpadded = Server::start(&[]);
     let reference = reference();
     let st = &reference["states"][1];

@@ -74,11 +74,11 @@ fn the_probe_reads_letters_by_logprob_token_ids_and_the_cache_in_blocks_of_32() 
     let _one = one_at_a_time();
     let v = vllm::shared(32);
     // The probe must find `logprob_token_ids` (the start fails otherwise).
-    let gw = gateway(v, &["--letter-method", "token-ids"]);
+    let gw = gateway(v, &["--letter-method", "token-ids", "--pad-block", "32"]);
     let state = state_of(300);
     let first = ok(gw.post_json("/v1/decide", &decide_body(&state)));
     let second = ok(gw.post_json("/v1/decide", &decide_body(&state)));
-    // Padded to vLLM's block (from its /metrics): the state's tokens are
+    // Padded to vLLM's block (`--pad-block 32`): the state's tokens are
     // whole blocks, so the second request reads them all from the cache.
     let tokens = first["state"]["tokens"].as_u64().unwrap();
     assert_eq!(tokens % 32, 0, "{first}");
@@ -121,9 +121,9 @@ fn the_cpu_default_block_of_128_is_read_from_its_metrics() {
         again["usage"]["prompt_tokens_details"]["cached_tokens"], 256,
         "{again}"
     );
-    // Blocks of 128 are over the largest automatic padding: states are sent
-    // unpadded, and a state is found cached when vLLM's whole-block count
-    // reaches the most it can report of it (318 tokens: 256).
+    // A model outside the bases is not padded, whatever the upstream's
+    // block: a state is found cached when vLLM's whole-block count reaches
+    // the most it can report of it (318 tokens: 256).
     let gw = gateway(&v, &[]);
     let state = state_of(300);
     let first = ok(gw.post_json("/v1/decide", &decide_body(&state)));

@@ -109,34 +109,11 @@ impl MultiQuestion {
     }
 }
 
-/// How a state's prefix is padded before it is sent to the backend.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PadPolicy {
-    /// The prefix is the state's tokens, as rendered.
-    None,
-    /// The prefix is padded with a filler token to a multiple of this many
-    /// tokens (the backend's prefix-cache block), so a block-granular prefix
-    /// cache holds the whole state.
-    Block(usize),
-}
-
-impl PadPolicy {
-    /// The policy's name in the state hash.
-    pub fn label(self) -> String {
-        match self {
-            PadPolicy::None => "none".into(),
-            PadPolicy::Block(n) => format!("block{n}"),
-        }
-    }
-}
-
 /// What a backend offers the route beyond [`ModelInfo`].
 #[derive(Clone, Debug)]
 pub struct Capabilities {
     /// The multi-question modes it runs; the first is its default.
     pub modes: Vec<MultiQuestion>,
-    /// The padding policy of its states.
-    pub padding: PadPolicy,
     /// The backend's name in error messages (`MLX`, `vLLM`).
     pub name: &'static str,
     /// Why chat completions with image content parts are refused, or
@@ -154,7 +131,6 @@ impl Default for Capabilities {
     fn default() -> Self {
         Capabilities {
             modes: vec![MultiQuestion::Sequential],
-            padding: PadPolicy::None,
             name: "MLX",
             image_refusal: Some(
                 "image content parts are not supported by the MLX backend; the image route is \

@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
-pub use decide::{Answer, Decision, Question, State};
+pub use decide::{Answer, Decision, PadPolicy, Question, State};
 pub use generate::{GenerationStream, Output, TokenChoice, TokenOutput};
 
 use crate::bases::{self, Base};
@@ -94,6 +94,9 @@ pub struct RouteConfig {
     /// ([`WireSettings::SERVED`] for a model of no base), as the serve
     /// flags may change them.
     pub wire: WireSettings,
+    /// How states are padded (`--pad-policy`, `--pad-block`, the base's
+    /// block), the same on every backend.
+    pub padding: PadPolicy,
     pub metrics: Arc<Metrics>,
 }
 
@@ -117,6 +120,8 @@ pub struct TextRoute {
     /// The filler token that pads states to a block boundary, when the
     /// tokenizer has one (see [`decide::PAD_TEXT`]).
     pub pad_id: Option<u32>,
+    /// How states are padded.
+    pub padding: PadPolicy,
     /// Token ids of ` A`..` Z` (the letters after `N: ` in a packed answer
     /// sheet), when each is one token.
     pub packed_letter_ids: Option<Vec<u32>>,
@@ -155,6 +160,13 @@ impl TextRoute {
             Ok(ids) if ids.len() == 1 => Some(ids[0]),
             _ => None,
         };
+        if pad_id.is_none() && config.padding != PadPolicy::None {
+            return Err(
+                "this tokenizer writes no newline as one token, so states cannot be \
+                 front-padded to a block; serve with --pad-policy none"
+                    .into(),
+            );
+        }
         let packed_letter_ids = decide::LETTERS
             .iter()
             .map(|l| match tokenizer.encode(&format!(" {l}"), false) {
@@ -187,6 +199,7 @@ impl TextRoute {
         }
         Ok(TextRoute {
             pad_id,
+            padding: config.padding,
             packed_letter_ids,
             wire_codes,
             yes_no_forms,

@@ -13,13 +13,13 @@ use crate::bases::{
     self, AnswerSlot, Base, BaseArg, BaseError, LabelVariants, Layout, NoulRendering, WireSettings,
 };
 use crate::engine::mlx::{Device, LoadOptions, MlxEngine, MlxOptions};
-use crate::engine::vllm::{MethodChoice, Padding, VllmEngine, VllmOptions};
-use crate::engine::{Engine, EngineStatus, MultiQuestion, PadPolicy};
+use crate::engine::vllm::{MethodChoice, VllmEngine, VllmOptions};
+use crate::engine::{Engine, EngineStatus, MultiQuestion};
 use crate::hub::{self, Wanted};
 use crate::metrics::Metrics;
 use crate::model_config;
 use crate::prompt::{ChatTemplate, TextTokenizer};
-use crate::route::{RouteConfig, TextRoute};
+use crate::route::{PadPolicy, RouteConfig, TextRoute};
 use crate::server::{self, AppState};
 use crate::settings::{Limits, UpstreamLimits};
 use crate::tasks::{TaskLimits, TaskRegistry};
@@ -37,7 +37,8 @@ enum Backend {
 
 #[derive(Clone, Copy, ValueEnum)]
 enum PadArg {
-    /// Pad each state to a multiple of --pad-block tokens.
+    /// Front-pad each state with newlines to a multiple of --pad-block
+    /// tokens.
     Block,
     /// Do not pad.
     None,
@@ -221,18 +222,37 @@ pub struct ServeArgs {
     /// Largest request body in MiB; larger ones are answered 413.
     #[arg(long, default_value_t = (Limits::default().max_body_bytes >> 20) as u64)]
     max_body_mb: u64,
-    /// How states are padded: `block` to a multiple of --pad-block tokens
-    /// (default with --backend vllm), `none` (default with --backend mlx).
+    /// How states are padded, the same on both backends: `block`
+    /// front-pads each state with newlines to a multiple of --pad-block
+    /// tokens, `none` does not pad. Default: `block` where the base has a
+    /// block (the Qwen base: 1,056 tokens, the reference decisio's) or
+    /// --pad-block is given, else `none`.
     #[arg(long, value_enum)]
     pad_policy: Option<PadArg>,
-    /// The padding block in tokens. Default with --backend vllm: the unit
-    /// of the upstream's prefix-cache hits as its /metrics states it (no
-    /// padding where that is over 64 tokens, as on hybrid models), else 16;
-    /// with --backend mlx: 16.
+    /// The padding block in tokens. Default: the base's (the Qwen base:
+    /// 1,056, vLLM's prefix-cache block of the hybrid model; the Gemma bases
+    /// and models outside the bases: none). Giving it turns padding on.
     #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=4096))]
     pad_block: Option<usize>,
     #[command(flatten)]
     upstream: UpstreamArgs,
+}
+
+/// How states are padded: `--pad-policy`, else front padding to
+/// `--pad-block` when given, else the base's block, else none.
+fn padding(args: &ServeArgs, base: Option<&'static Base>) -> Result<PadPolicy> {
+    let block = args.pad_block.or(base.and_then(|b| b.pad_block));
+    Ok(match (args.pad_policy, block) {
+        (Some(PadArg::None), _) | (None, None) => PadPolicy::None,
+        (_, Some(n)) => PadPolicy::Block(n),
+        (Some(PadArg::Block), None) => bail!(
+            "--pad-policy block needs --pad-block N for {}: it has no block of its own",
+            base.map_or("a model outside the bases".to_string(), |b| format!(
+                "base {}",
+                b.name
+            ))
+        ),
+    })
 }
 
 /// The default letter temperature: `--letter-temperature`, or the pooled
@@ -420,13 +440,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         ..Limits::default()
     };
     let metrics = Arc::new(Metrics::new());
-    let pad_block = args
-        .pad_block
-        .unwrap_or(UpstreamLimits::default().pad_block);
-    let padding = match (args.pad_policy, args.backend) {
-        (Some(PadArg::Block), _) | (None, Backend::Vllm) => PadPolicy::Block(pad_block),
-        (Some(PadArg::None), _) | (None, Backend::Mlx) => PadPolicy::None,
-    };
+    let padding = padding(&args, base)?;
     if !matches!(args.backend, Backend::Vllm) && !args.upstream.upstreams.is_empty() {
         bail!("--upstream needs --backend vllm");
     }
@@ -441,7 +455,6 @@ pub fn run(args: ServeArgs) -> Result<()> {
                 prefill_chunk: limits.prefill_chunk,
                 pass_tokens: limits.pass_tokens,
                 answers_per_state: limits.answers_per_state,
-                padding,
             },
         )?),
         Backend::Vllm => {
@@ -460,10 +473,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
                         MethodArg::AllowedTokens => MethodChoice::AllowedTokens,
                         MethodArg::TopK => MethodChoice::TopK,
                     },
-                    padding: match (padding, args.pad_block) {
-                        (PadPolicy::None, _) => Padding::Off,
-                        (PadPolicy::Block(n), Some(_)) => Padding::Fixed(n),
-                        (PadPolicy::Block(n), None) => Padding::Upstream { fallback: n },
+                    pad_block: match padding {
+                        PadPolicy::Block(n) => Some(n),
+                        PadPolicy::None => None,
                     },
                     mode: match u.multi_question {
                         ModeArg::Warm => MultiQuestion::Warm,
@@ -492,7 +504,6 @@ pub fn run(args: ServeArgs) -> Result<()> {
                         fan_out: u.fan_out,
                         batch_tokens: u.upstream_batch_tokens,
                         batch_prompts: u.upstream_batch_prompts,
-                        pad_block,
                         ..UpstreamLimits::default()
                     },
                     metrics: metrics.clone(),
@@ -522,6 +533,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         default_temperature: limits.letter_temperature,
         base,
         wire,
+        padding,
         metrics,
     };
     let route = TextRoute::new(engine, tokenizer, template, config)

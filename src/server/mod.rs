@@ -150,7 +150,7 @@ impl AppState {
             model_identity: info.identity.clone(),
             tokenizer_identity: self.route.tokenizer_identity.clone(),
             default_temperature: self.route.default_temperature,
-            padding: caps.padding.label(),
+            padding: self.route.padding.label(),
             multi_question: caps.modes.iter().map(|m| m.as_str()).collect(),
         }
     }

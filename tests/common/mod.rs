@@ -71,17 +71,10 @@ pub fn fresh_dir(name: &str) -> PathBuf {
 }
 
 /// The flags of a vLLM-backend gateway in front of `upstream` (a decisio
-/// MLX server, which speaks vLLM's API), unpadded so that both read the
-/// same prompt.
-pub fn unpadded_gateway_args(upstream: &str) -> Vec<&str> {
-    vec![
-        "--backend",
-        "vllm",
-        "--upstream",
-        upstream,
-        "--pad-policy",
-        "none",
-    ]
+/// MLX server, which speaks vLLM's API): the default padding, which both
+/// backends apply alike, so that both read the same prompt.
+pub fn gateway_args(upstream: &str) -> Vec<&str> {
+    vec!["--backend", "vllm", "--upstream", upstream]
 }
 
 /// Reference figures written by `make reference`.

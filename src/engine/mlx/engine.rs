@@ -22,8 +22,8 @@ use super::{loader, memory};
 use crate::engine::prefix_cache::PrefixCache;
 use crate::engine::{
     Capabilities, EmbedReceiver, Engine, EngineError, EngineStatus, FinishReason, GenerateEvent,
-    GenerateRequest, GenerateStream, ModelInfo, PadPolicy, ScoreReceiver, ScoreRequest,
-    ScoreResult, TokenLogprobs,
+    GenerateRequest, GenerateStream, ModelInfo, ScoreReceiver, ScoreRequest, ScoreResult,
+    TokenLogprobs,
 };
 use crate::metrics::Metrics;
 use crate::model_config;
@@ -52,7 +52,6 @@ pub struct MlxEngine {
     depth: Arc<AtomicUsize>,
     status: Arc<Mutex<EngineStatus>>,
     max_queue: usize,
-    padding: PadPolicy,
 }
 
 impl MlxEngine {
@@ -62,7 +61,6 @@ impl MlxEngine {
         let info = MlxModel::describe(&dir)?;
         let layers = model_config::get_usize(&loader::read_config(&dir)?, "num_hidden_layers");
         let max_queue = options.max_queue.max(1);
-        let padding = options.padding;
         let (jobs, rx) = mpsc::channel(max_queue);
         let depth = Arc::new(AtomicUsize::new(0));
         let status = Arc::new(Mutex::new(EngineStatus::Loading));
@@ -78,7 +76,6 @@ impl MlxEngine {
             depth,
             status,
             max_queue,
-            padding,
         })
     }
 }
@@ -138,10 +135,7 @@ impl Engine for MlxEngine {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            padding: self.padding,
-            ..Capabilities::default()
-        }
+        Capabilities::default()
     }
 
     fn hidden_layers(&self) -> Option<usize> {

@@ -4,7 +4,6 @@
 
 use std::sync::Arc;
 
-use crate::engine::PadPolicy;
 use crate::metrics::Metrics;
 
 /// Token-expert pairs from which quantized experts sort them by expert, as
@@ -123,7 +122,4 @@ pub struct MlxOptions {
     pub pass_tokens: usize,
     /// Answers remembered with each cached state.
     pub answers_per_state: usize,
-    /// How states are padded (`none` unless asked: MLX's cache needs no
-    /// blocks; `block` makes prompts equal to a vLLM backend's).
-    pub padding: PadPolicy,
 }

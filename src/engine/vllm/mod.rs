@@ -35,7 +35,7 @@
 //! retries, faults, health checks: every call has a timeout) and
 //! [`protocol`] (the wire types and what is read from them). This file
 //! starts the backend, settles what the first probes tell (context length,
-//! padding, identity), chooses how a decision's questions are asked, and
+//! identity; how the route's padding meets the upstream's cache), chooses how a decision's questions are asked, and
 //! puts it behind the [`Engine`] seam.
 //!
 //! Intent tasks read hidden states, which a completions server does not
@@ -71,7 +71,7 @@ use self::probe::Probed;
 use self::wait::WaitState;
 use super::{
     Capabilities, ChatReceiver, EmbedReceiver, Engine, EngineError, EngineStatus, GenerateRequest,
-    GenerateStream, ModelInfo, MultiQuestion, PadPolicy, ScoreReceiver, ScoreRequest, ScoreResult,
+    GenerateStream, ModelInfo, MultiQuestion, ScoreReceiver, ScoreRequest, ScoreResult,
 };
 use crate::metrics::Metrics;
 use crate::settings::UpstreamLimits;
@@ -112,20 +112,6 @@ pub enum MethodChoice {
     TopK,
 }
 
-/// How states are padded (`--pad-policy`, `--pad-block`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Padding {
-    /// Not padded (`--pad-policy none`).
-    Off,
-    /// To a multiple of this many tokens (`--pad-block N`).
-    Fixed(usize),
-    /// To the unit of the upstreams' prefix-cache hits, as their
-    /// `/metrics` state it; `fallback` tokens where none states it; off
-    /// where the unit is over `UpstreamLimits::max_auto_pad_block` or
-    /// prefix caching is off (the default).
-    Upstream { fallback: usize },
-}
-
 /// Settings of the vLLM backend.
 #[derive(Clone, Debug)]
 pub struct VllmOptions {
@@ -136,7 +122,9 @@ pub struct VllmOptions {
     /// The model name to send; default: the one each upstream serves.
     pub model: Option<String>,
     pub method: MethodChoice,
-    pub padding: Padding,
+    /// The block the route pads states to (`None`: not padded), checked at
+    /// start against the upstreams' prefix-cache unit.
+    pub pad_block: Option<usize>,
     /// The default multi-question mode (`warm` or `sequential`).
     pub mode: MultiQuestion,
     /// Token ids of the letters A..Z, for the probe.
@@ -178,8 +166,6 @@ struct Inner {
 /// (and the head upstream, when there is one) passed.
 struct Settled {
     info: ModelInfo,
-    /// The padding chosen from `options.padding` and the probes.
-    padding: PadPolicy,
 }
 
 impl Inner {
@@ -444,7 +430,7 @@ fn settle(inner: &Inner) {
         None => None,
     };
     let o = &inner.options;
-    let padding = choose_padding(o.padding, &probed, o.limits.max_auto_pad_block);
+    check_padding(o.pad_block, &probed);
     let context_length = probed
         .iter()
         .filter_map(|p| p.max_model_len)
@@ -466,75 +452,51 @@ fn settle(inner: &Inner) {
         probed.len(),
         inner.pool.upstreams.len()
     );
-    let _ = inner.settled.set(Settled { info, padding });
+    let _ = inner.settled.set(Settled { info });
 }
 
-/// The padding of states: what `--pad-policy`/`--pad-block` asked, or, by
-/// default, the unit of the upstreams' prefix-cache hits, logged with the
-/// reason for the choice (`docs/design/vllm.md`, "Padding").
-fn choose_padding(asked: Padding, probed: &[Probed], most: usize) -> PadPolicy {
+/// Says in the log how the route's padding meets the upstreams' prefix
+/// caches (`docs/design/vllm.md`, "Padding"): the route pads (or not) as
+/// the base and the flags say, the same on both backends, whatever the
+/// upstream; a block that is no multiple of the upstream's hit unit, or a
+/// cache that is off, costs time, never answers.
+fn check_padding(pad_block: Option<usize>, probed: &[Probed]) {
     let caches: Vec<_> = probed.iter().filter_map(|p| p.cache.as_ref()).collect();
-    let first = caches.first();
-    if caches.iter().any(|c| Some(c) != first) {
+    let Some(first) = caches.first() else { return };
+    if caches.iter().any(|c| c != first) {
         tracing::warn!(
-            "the upstreams' cache configurations differ; padding follows the first's ({:?})",
+            "the upstreams' cache configurations differ; the first's is {:?}",
             first
         );
     }
-    match asked {
-        Padding::Off => PadPolicy::None,
-        Padding::Fixed(n) => {
-            if let Some(c) = first.filter(|c| n % c.hit_unit != 0) {
-                tracing::warn!(
-                    "states are padded to {n} tokens (--pad-block), but the upstream's prefix \
-                     cache hits land on multiples of {} tokens: the part of each state past \
-                     its last full unit is read again with every question",
-                    c.hit_unit
-                );
-            }
-            PadPolicy::Block(n)
-        }
-        Padding::Upstream { fallback } => match first {
-            None => {
-                tracing::info!(
-                    "the upstreams state no cache configuration (no vllm:cache_config_info on \
-                     /metrics): states are padded to {fallback} tokens (--pad-block)"
-                );
-                PadPolicy::Block(fallback)
-            }
-            Some(c) if !c.prefix_caching => {
-                tracing::warn!(
-                    "prefix caching is off upstream: states are not padded, and every question \
-                     reads its state again (start vLLM with --enable-prefix-caching)"
-                );
-                PadPolicy::None
-            }
-            Some(c) if c.hit_unit > most => {
-                tracing::info!(
-                    "the upstream's prefix cache hits land on multiples of {} tokens{}: padding \
-                     a state to that would put up to {} filler tokens before its questions, so \
-                     states are not padded; each question finds its state's whole units cached \
-                     and reads the rest (docs/design/vllm.md, \"Hybrid bases\"); \
-                     --pad-block {} pads anyway",
-                    c.hit_unit,
-                    if c.mamba_cache_mode.is_some() {
-                        " (a hybrid model's aligned block)"
-                    } else {
-                        ""
-                    },
-                    c.hit_unit - 1,
-                    c.hit_unit
-                );
-                PadPolicy::None
-            }
-            Some(c) => {
-                tracing::info!(
-                    "states are padded to {} tokens, the unit of the upstream's prefix cache hits",
-                    c.hit_unit
-                );
-                PadPolicy::Block(c.hit_unit)
-            }
-        },
+    if !first.prefix_caching {
+        tracing::warn!(
+            "prefix caching is off upstream: every question reads its state again (start \
+             vLLM with --enable-prefix-caching)"
+        );
+        return;
+    }
+    match pad_block {
+        Some(n) if n % first.hit_unit != 0 => tracing::warn!(
+            "states are padded to {n} tokens, but the upstream's prefix cache hits land on \
+             multiples of {} tokens: the part of each state past its last full unit is read \
+             again with every question (--pad-block {} would fit)",
+            first.hit_unit,
+            first.hit_unit
+        ),
+        Some(n) => tracing::info!(
+            "states are padded to {n} tokens, a multiple of the upstream's prefix-cache unit \
+             ({} tokens)",
+            first.hit_unit
+        ),
+        None if first.hit_unit > 1 => tracing::info!(
+            "states are not padded: each question reads again the part of its state past its \
+             last full unit of the upstream's prefix cache (under {} tokens; --pad-block {} \
+             pads, changing the prompt on both backends)",
+            first.hit_unit,
+            first.hit_unit
+        ),
+        None => {}
     }
 }
 
@@ -649,11 +611,6 @@ impl Engine for VllmEngine {
         }
         Capabilities {
             modes,
-            padding: self
-                .inner
-                .settled
-                .get()
-                .map_or(PadPolicy::None, |s| s.padding),
             name: "vLLM",
             image_refusal: self.inner.image_refusal(),
             embeddings: self.inner.head.is_some(),

@@ -60,9 +60,32 @@ pub fn is_blank(text: &str) -> bool {
 }
 
 /// The text of the filler token that pads a state to a block boundary
-/// (`--pad-policy block`): a space, one token in every supported tokenizer
-/// (checked at start).
-pub const PAD_TEXT: &str = " ";
+/// (`--pad-policy block`): a newline, the reference decisio's filler
+/// (`PAD_TOKEN`, its Qwen tokenizer's `\n`), one token in every supported
+/// tokenizer (checked at start).
+pub const PAD_TEXT: &str = "\n";
+
+/// How a state's prefix is padded before any backend reads it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PadPolicy {
+    /// The prefix is the state's tokens, as rendered.
+    None,
+    /// The prefix is front-padded (before the chat template's first token)
+    /// with the [`PAD_TEXT`] token to a multiple of this many tokens, so a
+    /// block-granular prefix cache (vLLM's) holds the whole state; both
+    /// backends read the same padded prompt.
+    Block(usize),
+}
+
+impl PadPolicy {
+    /// The policy's name in the state hash and the served identity.
+    pub fn label(self) -> String {
+        match self {
+            PadPolicy::None => "none".into(),
+            PadPolicy::Block(n) => format!("front{n}"),
+        }
+    }
+}
 
 /// A state: a text (`/v1/decide`) or the messages before the question (the
 /// chat surface).

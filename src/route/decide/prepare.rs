@@ -1,13 +1,13 @@
-//! A decision's token ids: the state's prefix (padded to the backend's
-//! block when it asks), each question's suffix with the letters it reads,
+//! A decision's token ids: the state's prefix (front-padded to a block
+//! when the padding policy says), each question's suffix with the letters it reads,
 //! or one packed prompt with its answer sheet's markers; checked against
 //! the context length.
 
 use super::{
-    check_question, invalid, packed_marker, render_packed, Question, State, LETTERS,
+    check_question, invalid, packed_marker, render_packed, PadPolicy, Question, State, LETTERS,
     PACKED_SEPARATOR,
 };
-use crate::engine::{PackedPrompt, PadPolicy, QuestionTokens, StateHash};
+use crate::engine::{PackedPrompt, QuestionTokens, StateHash};
 use crate::route::wire::{self, LabelVariants, Layout, WireAsk};
 use crate::route::{RouteError, TextRoute};
 
@@ -95,33 +95,31 @@ impl TextRoute {
         StateHash::new(
             &self.engine().info().identity,
             &self.tokenizer_identity,
-            &self.engine().capabilities().padding.label(),
+            &self.padding.label(),
             prefix,
         )
     }
 
-    /// The token ids of a state's prefix text, padded as the backend's
-    /// padding policy says.
+    /// The token ids of a state's prefix text, padded as the padding
+    /// policy says.
     fn prefix_ids(&self, prefix_text: &str) -> Result<Vec<u32>, RouteError> {
         let prefix = self.tokenize(prefix_text, false)?;
-        self.padded(prefix)
+        Ok(self.padded(prefix))
     }
 
-    /// A prefix's token ids padded to the backend's block, as its padding
-    /// policy says.
-    fn padded(&self, mut prefix: Vec<u32>) -> Result<Vec<u32>, RouteError> {
-        if let PadPolicy::Block(block) = self.engine().capabilities().padding {
-            let short = (block - prefix.len() % block) % block;
-            let filler = self.pad_id.ok_or_else(|| {
-                invalid(
-                    "state",
-                    "the tokenizer has no single-token filler, so states cannot be padded; \
-                     serve with --pad-policy none",
-                )
-            })?;
-            prefix.extend(std::iter::repeat_n(filler, short));
-        }
-        Ok(prefix)
+    /// A prefix's token ids front-padded to the block, as the padding
+    /// policy says: the filler goes before the chat template's first token,
+    /// where the reference decisio puts it (`pad_prompt`, `front`), so
+    /// nothing between the state and its questions changes.
+    fn padded(&self, prefix: Vec<u32>) -> Vec<u32> {
+        let (PadPolicy::Block(block), Some(filler)) = (self.padding, self.pad_id) else {
+            return prefix;
+        };
+        let short = (block - prefix.len() % block) % block;
+        let mut ids = Vec::with_capacity(prefix.len() + short);
+        ids.extend(std::iter::repeat_n(filler, short));
+        ids.extend(prefix);
+        ids
     }
 
     /// Checks and renders `questions` on `state` as one packed prompt: the
@@ -255,7 +253,7 @@ impl TextRoute {
             Some(q) if q.wire.is_some() => {
                 let (prefix, own) = wire::split_ids(&self.tokenizer, &prefix_text, &suffixes[0])
                     .map_err(|m| invalid("questions", m))?;
-                (self.padded(prefix)?, Some(own))
+                (self.padded(prefix), Some(own))
             }
             _ => (self.prefix_ids(&prefix_text)?, None),
         };
