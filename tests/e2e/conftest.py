@@ -209,9 +209,10 @@ def start_reference(port, pad_to="none"):
 
 @pytest.fixture(scope="session")
 def reference_decisio():
-    """The base URL of the reference decisio serving the fixture without
-    padding (`--pad-to none`, as decisio's MLX backend reads states)."""
+    """The base URL of the reference decisio serving the fixture with its
+    default padding: each state front-padded with newlines to its engine's
+    block of 32 tokens (decisio does the same with `--pad-block 32`)."""
     port = free_port()
-    proc = start_reference(port)
+    proc = start_reference(port, pad_to=None)
     yield f"http://127.0.0.1:{port}"
     stop_vllm(proc)
