@@ -16,7 +16,7 @@ DENSE_MODEL := $(DECISIO_CACHE)/models/smollm2-135m-instruct-dense
 OPENBLAS := $(wildcard /usr/lib/$(shell gcc -dumpmachine 2>/dev/null)/libopenblas.so.0)
 PORT ?= 8000
 
-.PHONY: setup serve test check-targets gate reference reference-cached reference-logits cargo-test e2e lint bench bench-tasks bench-letter-bias bench-trust ci-time schemathesis bench-mac bench-profile record-vllm bench-systemone
+.PHONY: setup serve test check-targets gate reference reference-cached reference-logits cargo-test e2e lint bench bench-tasks bench-letter-bias bench-trust ci-time schemathesis bench-mac bench-profile record-vllm bench-systemone bench-memory
 
 setup:
 	@bash scripts/setup.sh
@@ -109,6 +109,14 @@ bench: setup
 bench-systemone: setup reference-cached
 	cargo build --release --locked --bin decisio --example paired_bars
 	$(PYTHON) scripts/bench/systemone.py
+
+# The memory of the largest questions (255 options) on the fixture and every
+# base's tiny conversion (1 to 64 questions a request on the fixture, 1 to 16 on
+# the tiny ones) and 4 in 2 orders
+# (scripts/bench/memory.py), into runs/<today>_memory; about 25 minutes.
+bench-memory: setup reference
+	cargo build --release --locked --bin decisio --example paired_bars
+	$(PYTHON) scripts/bench/memory.py
 
 # decisio against mlx_lm.server on the same MLX conversions: a new state, a
 # seen state, 100 questions on one state, peak memory at 8k/16k/32k tokens;

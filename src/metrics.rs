@@ -290,7 +290,7 @@ impl Metrics {
             mlx_memory_bytes: IntGaugeVec::new(
                 Opts::new(
                     "decisio_mlx_memory_bytes",
-                    "MLX's memory by kind: active (held by arrays), peak (the most held at once), cache (freed buffers kept for reuse). MLX backend only.",
+                    "MLX's memory by kind: active (held by arrays), peak (the most held at once since the model was loaded), cache (freed buffers kept for reuse). MLX backend only.",
                 ),
                 &["kind"],
             )

@@ -1100,3 +1100,97 @@ fn gemma_4_12b_answers_system_one_alike_on_both_backends() {
 fn gemma_4_31b_answers_system_one_alike_on_both_backends() {
     systemone_matrix("gemma-4-31b", "gemma4_31b-6bit", "tokenizer-gemma3");
 }
+
+/// A server's resident peak (`VmHWM`) and MLX's peak of live arrays
+/// (`decisio_mlx_memory_bytes{kind="peak"}`), in MiB.
+fn memory_mib(s: &Server) -> (f64, f64) {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", s.pid())).unwrap();
+    let hwm = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .expect("VmHWM in /proc/PID/status");
+    let metrics = common::http_get(s.port, "/metrics").unwrap().text();
+    let peak = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("decisio_mlx_memory_bytes{kind=\"peak\"} "))
+        .and_then(|v| v.parse::<f64>().ok())
+        .expect("MLX's peak in /metrics");
+    (hwm / 1024.0, peak / (1u64 << 20) as f64)
+}
+
+/// The largest questions the limits allow run in bounded memory
+/// (docs/limits.md, "Memory of a request"): a question of 255 options is
+/// the longest a request may ask, and a pass reads at most `--pass-tokens`
+/// of question rows and `--prefill-chunk` of one long question, so MLX's
+/// peak of live arrays is the same after one such question as after three
+/// read in two orders each (six reads), and the resident peak stays under
+/// the weights, that peak, the buffer cache's cap and 256 MiB of the
+/// process's own. `runs/2026-12-05_memory` has the figures up to 64
+/// questions (`scripts/bench/memory.py`, `make bench-memory`).
+fn largest_questions_in_bounded_memory(s: &Server, model: &std::path::Path) {
+    let options: Vec<String> = (0..255).map(|i| format!("q{i}")).collect();
+    let ask = |n: usize, orders: usize, tag: &str| {
+        let mut body = json!({
+            "state": format!("Case file {tag}: a customer writes that the parcel never came."),
+            "questions": (0..n)
+                .map(|i| json!({"text": format!("Which queue handles case {tag}{i}?"), "options": options}))
+                .collect::<Vec<_>>()});
+        if orders > 1 {
+            body["x_orders"] = json!(orders);
+        }
+        let r = decide(s, &body);
+        for a in r["answers"].as_array().unwrap() {
+            let p = a["probabilities"].as_object().unwrap();
+            assert_eq!(p.len(), 255);
+            let sum: f64 = p.values().map(finite).sum();
+            assert!((sum - 1.0).abs() < 1e-3, "{sum}");
+        }
+        memory_mib(s)
+    };
+    let (_, one) = ask(1, 1, "a");
+    let (hwm, six) = ask(3, 2, "b");
+    let weights: u64 = std::fs::read_dir(model)
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().extension().is_some_and(|x| x == "safetensors"))
+        .map(|e| e.metadata().unwrap().len())
+        .sum();
+    let bound = weights as f64 / (1u64 << 20) as f64 + six + 1024.0 + 256.0;
+    eprintln!(
+        "{}: MLX peak {one:.1} MiB after 1 question of 255 options, {six:.1} after 3 in 2 orders; resident peak {hwm:.0} MiB (bound {bound:.0})",
+        model.display()
+    );
+    assert!(
+        six <= one * 1.02 + 4.0,
+        "MLX's peak grew with the questions: {one:.1} MiB, then {six:.1}"
+    );
+    assert!(hwm <= bound, "resident peak {hwm:.0} MiB over {bound:.0}");
+}
+
+#[test]
+fn the_fixture_reads_the_largest_questions_in_bounded_memory() {
+    let s = Server::start(&[]);
+    largest_questions_in_bounded_memory(&s, &common::model_dir());
+}
+
+#[test]
+fn qwen3_6_35b_a3b_reads_the_largest_questions_in_bounded_memory() {
+    let model = "qwen3_5_moe-6bit";
+    let s = serve("qwen3.6-35b-a3b", model, "tokenizer-qwen3", &[]);
+    largest_questions_in_bounded_memory(&s, &tiny(model));
+}
+
+#[test]
+fn gemma_4_12b_reads_the_largest_questions_in_bounded_memory() {
+    let model = "gemma4_12b-6bit";
+    let s = serve("gemma-4-12b", model, "tokenizer-gemma3", &[]);
+    largest_questions_in_bounded_memory(&s, &tiny(model));
+}
+
+#[test]
+fn gemma_4_31b_reads_the_largest_questions_in_bounded_memory() {
+    let model = "gemma4_31b-6bit";
+    let s = serve("gemma-4-31b", model, "tokenizer-gemma3", &[]);
+    largest_questions_in_bounded_memory(&s, &tiny(model));
+}

@@ -390,6 +390,11 @@ impl Server {
         format!("http://127.0.0.1:{}", self.port)
     }
 
+    /// The server's process id (for its `/proc` figures).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Stops the process at once (SIGKILL), as a crash would.
     pub fn kill(&mut self) {
         let _ = self.child.kill();

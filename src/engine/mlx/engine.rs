@@ -194,6 +194,9 @@ fn engine_thread(
         return;
     }
     let _ = mlx_rs::memory::clear_cache();
+    // The peak exported from here on is serving's (the weights held and
+    // what requests add), not the loading's transient copies.
+    let _ = mlx_rs::memory::reset_peak_memory();
     tracing::info!(
         "loaded {} ({}) in {:.1} s, {:.1} MiB held",
         dir.display(),
