@@ -147,9 +147,9 @@ fn answers_are_the_same_bits_on_a_miss_a_hit_and_with_the_cache_off() {
     let states = reference["states"].as_array().unwrap();
     assert!(states.len() >= 20, "{} states", states.len());
     let (mut questions, mut hits) = (0, 0);
-    // Twelve of the states (120 questions): each is read three times over
-    // on the fixture, and probabilities_match_mlx_lm_on_mmlu reads all 20.
-    for st in states.iter().take(12) {
+    // Six of the states (60 questions): each is read three times over on
+    // the fixture, and probabilities_match_mlx_lm_on_mmlu reads all 20.
+    for st in states.iter().take(6) {
         let qs: Vec<Value> = st["questions"]
             .as_array()
             .unwrap()
@@ -204,7 +204,7 @@ fn answers_are_the_same_bits_on_a_miss_a_hit_and_with_the_cache_off() {
     println!(
         "{questions} questions on {hits} states: miss, hit, recall and cache off agree bit for bit"
     );
-    assert!(questions >= 120);
+    assert!(questions >= 60);
 }
 
 #[test]
