@@ -4,6 +4,7 @@ cases, every server asked only what it has never answered.
 Usage: python scripts/bench/systemone.py [--rounds 5] [--tokens 3000]
   [--questions 50] [--state-tokens 1000] [--cases read,new,seen,concurrent]
   [--servers mlx,vllm,ref,ref-pad] [--clients 16] [--requests 200]
+  [--name systemone-bench]
 
 Servers, all on the fixture on this machine's CPUs, started once:
   - `mlx`: decisio on MLX (the fixture as `make serve` serves it);
@@ -48,7 +49,7 @@ the states' read is the questions' time), `decisio_question_passes_total`
 and `decisio_merged_jobs_total` are summed per subject and case, and each
 response's `cached` flag kept.
 
-Writes runs/<date>_systemone-bench/{summary.md,results.json,times.png}; the
+Writes runs/<date>_<--name>/{summary.md,results.json,times.png}; the
 plot with matplotlib when it imports, else with the project's `paired_bars`
 example when built (`make bench-systemone` builds it).
 """
@@ -358,8 +359,18 @@ def plot(summary, path, n):
     except ImportError:
         exe = common.DECISIO.parent / "examples" / "paired_bars"
         new, seen = summary.get("new", {}), summary.get("seen", {})
-        if not exe.exists() or not new:
+        if not exe.exists():
             return "not drawn (neither matplotlib nor the paired_bars example)"
+        if not new:
+            read = summary.get("read", {})
+            ref = (read.get(f"ref {WIRE}") or {}).get("time", {}).get("median")
+            if not read or ref is None:
+                return "not drawn (no new-document case, and no read case beside the reference)"
+            bars = [{"name": s, "a": v["time"]["median"], "b": ref} for s, v in read.items() if v["time"]]
+            subprocess.run([str(exe), json.dumps({"rows": bars, "names": ["subject", "reference"],
+                            "y": "seconds per request (median)", "title": "one question on a new state"}),
+                            str(path)], check=True)
+            return "drawn by the paired_bars example: each subject's read beside the reference's"
         bars = [{"name": s, "a": v["time"]["median"],
                  "b": (seen.get(s) or {}).get("time", {}).get("median", 0) * n}
                 for s, v in new.items() if v["time"]]
@@ -382,14 +393,15 @@ def plot(summary, path, n):
 def write(a, out, rec, summary, picture):
     m = common.machine()
     label = lambda s: f"{NAMES[s.split()[0]]}, {s.split()[1]}"  # noqa: E731
-    toks = [t for t in rec["tokens"]["document"] if t] or [0]
-    st = [t for t in rec["tokens"]["state"] if t] or [0]
+    toks = [t for t in rec["tokens"]["document"] if t]
+    st = [t for t in rec["tokens"]["state"] if t]
+    sizes = "; ".join(f"{min(t)} to {max(t)} tokens for ~{n}"
+                      for t, n in ((toks, a.tokens), (st, a.state_tokens)) if t)
     lines = ["# System One: decisio beside the reference decisio 0.35.0, new questions only", "",
              f"Command: `python scripts/bench/systemone.py {' '.join(sys.argv[1:])}`"
              " (`make bench-systemone` runs it with no options).",
              f"Machine: {m['cpus']} CPUs, {m['processor'] or 'x86_64'}, {m['platform']}; the fixture"
-             f" (SmolLM2-135M-Instruct). Documents of MMLU questions ({min(toks)} to {max(toks)}"
-             f" tokens for ~{a.tokens}; {min(st)} to {max(st)} for ~{a.state_tokens}), each read by"
+             f" (SmolLM2-135M-Instruct). Documents of MMLU questions ({sizes}), each read by"
              " one subject only; every question body sent once.", "",
              f"{a.rounds} timed rounds after one untimed round, the subjects in an order rotated"
              " each round. Times: median (min to max). Ratio: paired within a round, a subject's"
@@ -462,12 +474,13 @@ def main():
     ap.add_argument("--requests", type=int, default=200)
     ap.add_argument("--limit", type=float, default=900, help="seconds per concurrent run")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--name", default="systemone-bench", help="the record: runs/<date>_NAME")
     a = ap.parse_args()
     a.cases, a.servers = a.cases.split(","), a.servers.split(",")
     bad = set(a.cases) - set(CASES) | set(a.servers) - set(NAMES)
     if bad:
         ap.error(f"unknown: {', '.join(sorted(bad))}")
-    out = common.run_dir("systemone-bench")
+    out = common.run_dir(a.name)
     ports, procs = start(a.servers)
     try:
         rec = run(a, ports)

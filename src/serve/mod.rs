@@ -207,8 +207,8 @@ pub struct ServeArgs {
     /// not on a GPU, as MLX's default device says at start.
     #[arg(long, value_enum, default_value = "auto")]
     dequantize: Switch,
-    /// Compute attention's softmax and the MLP's SiLU with the host kernels
-    /// instead of MLX's ops: `auto` does when MLX computes on the CPU (its
+    /// Compute attention's softmax, the MLP's SiLU, the RMS norms and the
+    /// (llama) rotary embedding with the host kernels instead of MLX's ops: `auto` does when MLX computes on the CPU (its
     /// `exp` runs one element at a time there) and not on a GPU.
     #[arg(long, value_enum, default_value = "auto")]
     host_kernels: Switch,

@@ -20,7 +20,8 @@ use super::MlxResult;
 /// [`super::options::LoadOptions::host_kernels`] is on, and the kernel computes what
 /// the ops it replaces compute.
 ///
-/// - The softmax of attention and the SiLU gate ([`HostKernels::apply`]):
+/// - The softmax of attention, the SiLU gate, the RMS norm and the rope
+///   of standard frequencies ([`HostKernels::apply`]):
 ///   only on float32 activations. The kernel rounds once, at the end; MLX
 ///   rounds after each op, and in bfloat16 that difference moves the logits
 ///   by a few 1e-3 through the layers (the tiny Qwen3.5 and Gemma 4
@@ -180,6 +181,32 @@ impl Rope {
         profile::op(Class::Rope, 6.0 * profile::elements(x), || {
             self.apply(x, offset)
         })
+    }
+
+    /// Rows `[B, L, H, D]`, as a projection's output splits into heads,
+    /// rotated for positions `offset..offset + L` and returned as
+    /// `[B, H, L, D]`: by the host kernel where `host` applies to them (a
+    /// rope of standard frequencies; [`host::rope`] takes its angles from
+    /// this rope), else by MLX's rope after the transpose.
+    pub fn forward_heads(&self, y: &Array, offset: usize, host: HostKernels) -> MlxResult<Array> {
+        match self {
+            Rope::Standard {
+                dims,
+                traditional,
+                base,
+                scale,
+            } if host.apply(y) => profile::op(Class::Rope, 6.0 * profile::elements(y), || {
+                let settings = (u64::from(base.to_bits()) << 32) | u64::from(scale.to_bits());
+                host::rope(
+                    y,
+                    settings,
+                    (*dims as usize, *traditional),
+                    offset,
+                    |u, at| self.apply(u, at),
+                )
+            }),
+            _ => self.forward(&y.transpose_axes(&[0, 2, 1, 3])?, offset),
+        }
     }
 
     fn apply(&self, x: &Array, offset: usize) -> MlxResult<Array> {
@@ -454,6 +481,7 @@ impl Embedding {
 pub struct RmsNorm {
     pub weight: Array,
     pub eps: f32,
+    host: HostKernels,
 }
 
 impl RmsNorm {
@@ -461,11 +489,15 @@ impl RmsNorm {
         Ok(RmsNorm {
             weight: w.take(&format!("{name}.weight"))?,
             eps,
+            host: HostKernels::of(w),
         })
     }
 
     pub fn forward(&self, x: &Array) -> MlxResult<Array> {
         profile::op(Class::Norms, 4.0 * profile::elements(x), || {
+            if self.host.apply(x) {
+                return host::rms_norm(x, &self.weight, self.eps);
+            }
             Ok(fast::rms_norm(x, Some(&self.weight), self.eps)?)
         })
     }

@@ -131,20 +131,21 @@ impl Attention {
     /// positions of `x`).
     fn attend(&self, x: &Array, queries: &Array, cache: &mut KvCache) -> MlxResult<Array> {
         let b = x.shape()[0];
-        let heads = |y: Array, n: i32| -> MlxResult<Array> {
+        // `[B, L, H, D]`: the heads of each position.
+        let split = |y: Array, n: i32| -> MlxResult<Array> {
             let l = y.shape()[1];
-            Ok(ops::reshape(&y, &[b, l, n, -1])?.transpose_axes(&[0, 2, 1, 3])?)
+            Ok(ops::reshape(&y, &[b, l, n, -1])?)
         };
         let l = queries.shape()[1];
-        let q = heads(self.q_proj.forward(queries)?, self.n_heads)?;
-        let k = heads(self.k_proj.forward(x)?, self.n_kv_heads)?;
-        let v = heads(self.v_proj.forward(x)?, self.n_kv_heads)?;
+        let q = split(self.q_proj.forward(queries)?, self.n_heads)?;
+        let k = split(self.k_proj.forward(x)?, self.n_kv_heads)?;
+        let v = split(self.v_proj.forward(x)?, self.n_kv_heads)?.transpose_axes(&[0, 2, 1, 3])?;
 
         let offset = cache.offset();
         let q = self
             .rope
-            .forward(&q, offset + (x.shape()[1] - l) as usize)?;
-        let k = self.rope.forward(&k, offset)?;
+            .forward_heads(&q, offset + (x.shape()[1] - l) as usize, self.host)?;
+        let k = self.rope.forward_heads(&k, offset, self.host)?;
         let keys = cache.update_and_fetch(k, v)?;
         let out = attention(&q, &keys, self.scale, None, self.host)?;
         let out = ops::reshape(&out.transpose_axes(&[0, 2, 1, 3])?, &[b, l, -1])?;

@@ -21,10 +21,12 @@ pub struct LoadOptions {
     /// dequantized once: the same values, more memory. On Metal quantized
     /// kernels are fast and weights stay quantized.
     pub dequantize: bool,
-    /// Compute the softmax of attention and the SiLU gate with the host
-    /// kernels of [`host`](super::host) instead of MLX's ops. MLX's CPU build evaluates
-    /// `exp` one element at a time, which made these two steps most of a
-    /// question's time; on Metal MLX's own kernels are fast.
+    /// Compute the softmax of attention, the SiLU gate, the RMS norms and
+    /// (llama) the rotary embedding with the host kernels of
+    /// [`host`](super::host) instead of MLX's ops. MLX's CPU build evaluates
+    /// `exp` one element at a time, which made the first two most of a
+    /// question's time, and runs the other two as chains of element-wise
+    /// ops; on Metal MLX's own kernels are fast.
     pub host_kernels: bool,
     /// Quantized experts (`gather_qmm`) get their token-expert pairs sorted
     /// by expert from this many pairs on ([`SORT_EXPERTS_FROM`]);

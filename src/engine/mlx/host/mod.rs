@@ -1,5 +1,6 @@
-//! Host kernels for the two steps MLX's CPU build runs slowly: the softmax of
-//! attention and the SiLU gate of the MLP.
+//! Host kernels for the steps MLX's CPU build runs slowly: the softmax of
+//! attention and the SiLU gate of the MLP here, the RMS norm and the rotary
+//! embedding in `rows.rs` ([`rms_norm`], [`rope`]).
 //!
 //! MLX's CPU backend computes `exp` one element at a time: over the attention
 //! scores of one layer it costs tens of times a multiply of the same size and
@@ -15,6 +16,9 @@
 //! a prompt gives the same bits however many rows share a call.
 
 use mlx_rs::{ops, Array, Dtype};
+
+mod rows;
+pub use rows::{rms_norm, rope};
 
 use super::profile::{self, Class};
 use super::MlxResult;
