@@ -96,7 +96,7 @@ def run_model(name, counts, orders):
                          "prompt_tokens": out["usage"]["prompt_tokens"],
                          **status(proc.pid), **mlx_memory(port)})
             print(f"{name}: {n} x {o} in {dt:.1f} s: {rows[-1]}", flush=True)
-        return {"model": str(model), "weights_mib": weights_mib(model), "ready": ready, "rows": rows}
+        return {"model": f"{model.parent.name}/{model.name}", "weights_mib": weights_mib(model), "ready": ready, "rows": rows}
     finally:
         proc.kill()
         proc.wait()

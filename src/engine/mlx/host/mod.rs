@@ -115,59 +115,42 @@ fn swiglu_body(g: &[f32], u: &[f32], out: &mut [f32]) {
     }
 }
 
-/// The loops above compiled for the widest vectors the processor has: the
-/// same code and order of operations, so a machine always gives the same
-/// bits, only more lanes at a time (the build's baseline is SSE2).
-#[cfg(target_arch = "x86_64")]
-mod wide {
-    #[target_feature(enable = "avx512f")]
-    pub unsafe fn softmax_row_avx512(row: &mut [f32], valid: usize) {
-        super::softmax_row_body(row, valid)
-    }
-
-    #[target_feature(enable = "avx2")]
-    pub unsafe fn softmax_row_avx2(row: &mut [f32], valid: usize) {
-        super::softmax_row_body(row, valid)
-    }
-
-    #[target_feature(enable = "avx512f")]
-    pub unsafe fn swiglu_avx512(g: &[f32], u: &[f32], out: &mut [f32]) {
-        super::swiglu_body(g, u, out)
-    }
-
-    #[target_feature(enable = "avx2")]
-    pub unsafe fn swiglu_avx2(g: &[f32], u: &[f32], out: &mut [f32]) {
-        super::swiglu_body(g, u, out)
-    }
+/// `fn $name(args)` running the loop `$body(args)` compiled for the widest
+/// vectors the processor has (AVX-512, else AVX2, else the build's
+/// baseline, SSE2): the same code and order of operations, so a machine
+/// always gives the same bits, only more lanes at a time. Each host loop of
+/// this module and of [`rows`] is dispatched by it.
+macro_rules! widest {
+    ($(#[$meta:meta])* fn $name:ident($($arg:ident: $ty:ty),* $(,)?) => $body:path) => {
+        $(#[$meta])*
+        fn $name($($arg: $ty),*) {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f")]
+                unsafe fn avx512($($arg: $ty),*) {
+                    $body($($arg),*)
+                }
+                #[target_feature(enable = "avx2")]
+                unsafe fn avx2($($arg: $ty),*) {
+                    $body($($arg),*)
+                }
+                // SAFETY: each is called only where the processor has the
+                // feature it is compiled for.
+                if is_x86_feature_detected!("avx512f") {
+                    return unsafe { avx512($($arg),*) };
+                }
+                if is_x86_feature_detected!("avx2") {
+                    return unsafe { avx2($($arg),*) };
+                }
+            }
+            $body($($arg),*)
+        }
+    };
 }
+use widest;
 
-fn softmax_row_in_place(row: &mut [f32], valid: usize) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        // SAFETY: each is called only where the processor has the feature.
-        if is_x86_feature_detected!("avx512f") {
-            return unsafe { wide::softmax_row_avx512(row, valid) };
-        }
-        if is_x86_feature_detected!("avx2") {
-            return unsafe { wide::softmax_row_avx2(row, valid) };
-        }
-    }
-    softmax_row_body(row, valid)
-}
-
-fn swiglu_rows(g: &[f32], u: &[f32], out: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        // SAFETY: as in `softmax_row`.
-        if is_x86_feature_detected!("avx512f") {
-            return unsafe { wide::swiglu_avx512(g, u, out) };
-        }
-        if is_x86_feature_detected!("avx2") {
-            return unsafe { wide::swiglu_avx2(g, u, out) };
-        }
-    }
-    swiglu_body(g, u, out)
-}
+widest!(fn softmax_row_in_place(row: &mut [f32], valid: usize) => softmax_row_body);
+widest!(fn swiglu_rows(g: &[f32], u: &[f32], out: &mut [f32]) => swiglu_body);
 
 /// Runs `f` on two buffers of `a` and `b` floats this thread keeps between
 /// calls (their contents are whatever the last call left), so the pages

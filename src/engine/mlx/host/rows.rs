@@ -22,9 +22,9 @@
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use mlx_rs::{Array, Dtype};
+use mlx_rs::Array;
 
-use super::{host_f32, with_scratch, LANES};
+use super::{host_f32, widest, with_scratch, LANES};
 use crate::engine::mlx::MlxResult;
 
 /// `x * (1 / sqrt(mean(x^2) + eps)) * w` over rows of `w.len()` elements.
@@ -88,60 +88,8 @@ fn rotate_body(x: &[f32], cos: &[f32], sin: &[f32], layout: Layout, out: &mut [f
     out[layout.dims..].copy_from_slice(&x[layout.dims..]);
 }
 
-/// The loops above compiled for the widest vectors the processor has, as
-/// in the parent module: the same code and order of operations.
-#[cfg(target_arch = "x86_64")]
-mod wide {
-    use super::Layout;
-
-    #[target_feature(enable = "avx512f")]
-    pub unsafe fn rms_norm_avx512(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
-        super::rms_norm_body(x, w, eps, out)
-    }
-
-    #[target_feature(enable = "avx2")]
-    pub unsafe fn rms_norm_avx2(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
-        super::rms_norm_body(x, w, eps, out)
-    }
-
-    #[target_feature(enable = "avx512f")]
-    pub unsafe fn rotate_avx512(x: &[f32], c: &[f32], s: &[f32], l: Layout, out: &mut [f32]) {
-        super::rotate_body(x, c, s, l, out)
-    }
-
-    #[target_feature(enable = "avx2")]
-    pub unsafe fn rotate_avx2(x: &[f32], c: &[f32], s: &[f32], l: Layout, out: &mut [f32]) {
-        super::rotate_body(x, c, s, l, out)
-    }
-}
-
-fn rms_norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        // SAFETY: each is called only where the processor has the feature.
-        if is_x86_feature_detected!("avx512f") {
-            return unsafe { wide::rms_norm_avx512(x, w, eps, out) };
-        }
-        if is_x86_feature_detected!("avx2") {
-            return unsafe { wide::rms_norm_avx2(x, w, eps, out) };
-        }
-    }
-    rms_norm_body(x, w, eps, out)
-}
-
-fn rotate(x: &[f32], cos: &[f32], sin: &[f32], layout: Layout, out: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        // SAFETY: as in `rms_norm_rows`.
-        if is_x86_feature_detected!("avx512f") {
-            return unsafe { wide::rotate_avx512(x, cos, sin, layout, out) };
-        }
-        if is_x86_feature_detected!("avx2") {
-            return unsafe { wide::rotate_avx2(x, cos, sin, layout, out) };
-        }
-    }
-    rotate_body(x, cos, sin, layout, out)
-}
+widest!(fn rms_norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) => rms_norm_body);
+widest!(fn rotate(x: &[f32], cos: &[f32], sin: &[f32], layout: Layout, out: &mut [f32]) => rotate_body);
 
 /// RMS norm of each row of `x` (its last axis) with the learned scale
 /// `weight`, in float32.
@@ -221,7 +169,7 @@ fn table(
     Ok(t)
 }
 
-/// The rotary embedding of `x`, laid out `[B, L, H, D]` as a projection's
+/// The rotary embedding of `x` (float32), laid out `[B, L, H, D]` as a projection's
 /// output splits into heads, for positions `offset..offset + L`; returned
 /// as `[B, H, L, D]`, the layout attention reads. `settings` identifies
 /// the rope (any two ropes with the same value must rotate alike); `rope`
@@ -253,11 +201,7 @@ pub fn rope(
             }
         }
     });
-    Ok(if x.dtype() == Dtype::Float32 {
-        out
-    } else {
-        out.as_dtype(x.dtype())?
-    })
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -268,6 +212,38 @@ mod tests {
     fn close(a: &Array, b: &Array) -> f32 {
         let d = ops::abs(ops::subtract(a, b).unwrap()).unwrap();
         ops::max(&d, None).unwrap().try_item_exact::<f32>().unwrap()
+    }
+
+    #[test]
+    fn wide_loops_give_the_baseline_bits() {
+        let xs: Vec<f32> = (0..960)
+            .map(|i| ((i * 7919) % 1000) as f32 / 37.0 - 13.0)
+            .collect();
+        let (mut wide, mut base) = (vec![0.0; 960], vec![0.0; 960]);
+        rms_norm_rows(&xs, &xs[..96], 1e-5, &mut wide);
+        rms_norm_body(&xs, &xs[..96], 1e-5, &mut base);
+        assert_eq!(wide, base);
+        for traditional in [false, true] {
+            let layout = Layout {
+                dims: 48,
+                traditional,
+            };
+            rotate(
+                &xs[..64],
+                &xs[100..124],
+                &xs[200..224],
+                layout,
+                &mut wide[..64],
+            );
+            rotate_body(
+                &xs[..64],
+                &xs[100..124],
+                &xs[200..224],
+                layout,
+                &mut base[..64],
+            );
+            assert_eq!(wide, base);
+        }
     }
 
     #[test]
