@@ -1,7 +1,8 @@
 //! Where the CPU time of a decision goes: a new state's prefill and a
-//! question on a cached state, on a conversion (the fixture by default),
-//! run as the engine runs them (`MlxModel::prefill` in chunks, then
-//! `MlxModel::read_question` on the state's cache, a pass of one), first plain
+//! pass of questions on a cached state, on a conversion (the fixture by
+//! default), run as the engine runs them (`MlxModel::prefill` in chunks,
+//! then `MlxModel::read_questions` on the state's cache, a pass of `--rows`
+//! questions of `--suffix` tokens each, one by default), first plain
 //! and then with the profile on (`decisio::engine::mlx::profile`), which
 //! breaks the time down by class of operation with the arithmetic of each
 //! and every product's shape. Each shape's product is then timed alone, on
@@ -12,7 +13,7 @@
 //!
 //! ```sh
 //! cargo run --release --example cpu_profile -- --model DIR OUT.json \
-//!     [--state 1170] [--suffix 136] [--reps 3] [--chunk 256] [--plot OUT.png]
+//!     [--state 1170] [--suffix 136] [--rows 1] [--reps 3] [--chunk 256] [--plot OUT.png]
 //! ```
 //!
 //! Token ids are drawn at random from the vocabulary (the time of a pass
@@ -229,13 +230,17 @@ fn main() -> Result<()> {
     };
     let (state_len, suffix_len) = (get("--state", 1170)?, get("--suffix", 136)?);
     let (reps, chunk) = (get("--reps", 3)?, get("--chunk", 256)?);
+    let rows = get("--rows", 1)?.max(1);
     let plot_path = arg(&args, "--plot").map(PathBuf::from);
 
     let model = MlxModel::load(&model_dir)?;
     model.warm_up()?;
     let vocab = model.info.vocab_size as u32;
     let state = ids(state_len, 100, vocab - 100, 1);
-    let suffix = ids(suffix_len, 100, vocab - 100, 2);
+    let suffixes: Vec<Vec<u32>> = (0..rows)
+        .map(|r| ids(suffix_len, 100, vocab - 100, 2 + r as u64))
+        .collect();
+    let suffixes: Vec<&[u32]> = suffixes.iter().map(|s| s.as_slice()).collect();
     let letters: Vec<u32> = (0..4).map(|i| 100 + i).collect();
 
     // One pass of each path: (prefill seconds, question seconds).
@@ -259,7 +264,8 @@ fn main() -> Result<()> {
             Ok(())
         })?;
         let asked = timed(&mut || {
-            model.read_question(&suffix, &cache, chunk, &letters, false, None)?;
+            let reads = vec![letters.as_slice(); rows];
+            model.read_questions(&cache, &suffixes, &reads, chunk, false, None)?;
             Ok(())
         })?;
         Ok([prefill, asked])
@@ -289,6 +295,7 @@ fn main() -> Result<()> {
         "vocab_size": vocab,
         "state_tokens": state_len,
         "suffix_tokens": suffix_len,
+        "rows": rows,
         "chunk": chunk,
         "reps": reps,
         "plain_ms": {
