@@ -248,15 +248,20 @@ pub fn outcomes(c: &TrustRecord, r: Option<&TrustRecord>, g: &TrustGate) -> Vec<
                 .iter()
                 .filter(|c| c.score == score && c.draws > 0)
                 .collect();
-            // A level's line, and the level furthest below its line.
-            let line_of =
-                |level: f64| level - g.spread * (level * (1.0 - level) / t.test as f64).sqrt();
+            // A level's line: `spread` standard errors of the mean of its
+            // draws below the level (the draws' own spread, or one draw's
+            // binomial spread if that is larger), and the level furthest
+            // below its line.
+            let line_of = |c: &Covered| {
+                let binomial = (c.level * (1.0 - c.level) / t.test as f64).sqrt();
+                c.level - g.spread * c.coverage_sd.max(binomial) / (c.draws as f64).sqrt()
+            };
             let worst = levels.iter().min_by(|a, b| {
-                let margin = |c: &Covered| c.coverage_mean - line_of(c.level);
+                let margin = |c: &Covered| c.coverage_mean - line_of(c);
                 margin(a).total_cmp(&margin(b))
             });
             if let Some(w) = worst {
-                let line = line_of(w.level);
+                let line = line_of(w);
                 out.push(Outcome {
                     gate: format!("coverage {} ({})", t.name, score.as_str()),
                     candidate: format!("{:.4}", w.coverage_mean),
@@ -267,28 +272,16 @@ pub fn outcomes(c: &TrustRecord, r: Option<&TrustRecord>, g: &TrustGate) -> Vec<
                         w.level,
                         levels.len()
                     ),
-                    tolerance: format!(">= {line:.4} ({} binomial sd of {})", g.spread, t.test),
+                    tolerance: format!(
+                        ">= {line:.4} ({} standard errors of the mean of {} draws)",
+                        g.spread, w.draws
+                    ),
                     pass: w.coverage_mean >= line - 1e-12,
                 });
             }
         }
-        let line = (1.0 - c.delta) - g.spread * (c.delta * (1.0 - c.delta) / c.draws as f64).sqrt();
-        if let Some(w) = t
-            .certified
-            .iter()
-            .min_by(|a, b| a.promise_held.total_cmp(&b.promise_held))
-        {
-            out.push(Outcome {
-                gate: format!("certified promise {}", t.name),
-                candidate: format!("{:.4}", w.promise_held),
-                reference: format!("{}", 1.0 - c.delta),
-                difference: format!("at alpha {} (worst of {})", w.alpha, t.certified.len()),
-                tolerance: format!(
-                    ">= {line:.4} ({} binomial sd of {} draws)",
-                    g.spread, c.draws
-                ),
-                pass: w.promise_held >= line - 1e-12,
-            });
+        if !t.certified.is_empty() {
+            out.push(promise(c, t, r, g));
         }
         let Some(rt) = r.and_then(|r| r.tasks.iter().find(|x| x.name == t.name)) else {
             continue;
@@ -314,6 +307,47 @@ pub fn outcomes(c: &TrustRecord, r: Option<&TrustRecord>, g: &TrustGate) -> Vec<
         }
     }
     out
+}
+
+/// The certified promise's gate of task `t`: at the alpha where it held
+/// least often, over the alphas where some draw certified an answer. A
+/// task that certified nothing at any alpha has no promise to check: it
+/// passes only where the reference's record certifies nothing for it
+/// either, and fails without a reference.
+fn promise(c: &TrustRecord, t: &TaskDraws, r: Option<&TrustRecord>, g: &TrustGate) -> Outcome {
+    let line = (1.0 - c.delta) - g.spread * (c.delta * (1.0 - c.delta) / c.draws as f64).sqrt();
+    let gate = format!("certified promise {}", t.name);
+    let certifying = t.certified.iter().filter(|a| a.certified_share_mean > 0.0);
+    match certifying.min_by(|a, b| a.promise_held.total_cmp(&b.promise_held)) {
+        Some(w) => Outcome {
+            gate,
+            candidate: format!("{:.4}", w.promise_held),
+            reference: format!("{}", 1.0 - c.delta),
+            difference: format!("at alpha {} (worst of {})", w.alpha, t.certified.len()),
+            tolerance: format!(
+                ">= {line:.4} ({} binomial sd of {} draws)",
+                g.spread, c.draws
+            ),
+            pass: w.promise_held >= line - 1e-12,
+        },
+        None => {
+            let reference = r.and_then(|r| r.tasks.iter().find(|x| x.name == t.name));
+            let none_there = reference
+                .is_some_and(|rt| rt.certified.iter().all(|a| a.certified_share_mean == 0.0));
+            Outcome {
+                gate,
+                candidate: "nothing certified".into(),
+                reference: match reference {
+                    Some(_) if none_there => "nothing certified".into(),
+                    Some(_) => "some certified".into(),
+                    None => "none".into(),
+                },
+                difference: format!("at every alpha of {}", t.certified.len()),
+                tolerance: "a promise to check, or none in the reference either".into(),
+                pass: none_there,
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -377,6 +411,35 @@ mod tests {
         assert!(gates.iter().all(|o| o.pass), "{gates:?}");
         // The same bits again.
         assert_eq!(draw(&[calibrated(600, 3)], &spec()), record);
+    }
+
+    #[test]
+    fn a_task_that_certifies_nothing_has_no_promise_to_pass() {
+        let reference = draw(&[calibrated(600, 3)], &spec());
+        let mut nothing = reference.clone();
+        for a in &mut nothing.tasks[0].certified {
+            (a.certified_share_mean, a.promise_held, a.nothing_certified) = (0.0, 1.0, 1.0);
+        }
+        let promise = |c: &TrustRecord, r: Option<&TrustRecord>| {
+            let gates = outcomes(c, r, &TrustGate::default());
+            let o = gates
+                .into_iter()
+                .find(|o| o.gate.starts_with("certified promise"));
+            o.expect("a promise gate")
+        };
+        // Alone, or beside a reference that certifies: it fails.
+        assert!(!promise(&nothing, None).pass);
+        assert!(!promise(&nothing, Some(&reference)).pass);
+        // Beside a reference that certifies nothing either: it passes.
+        let o = promise(&nothing, Some(&nothing));
+        assert!(o.pass, "{o:?}");
+        assert_eq!(o.candidate, "nothing certified");
+        // An alpha that certified nothing does not hide a broken promise
+        // at one that did.
+        let mut broken = reference.clone();
+        broken.tasks[0].certified[0].certified_share_mean = 0.0;
+        broken.tasks[0].certified[1].promise_held = 0.5;
+        assert!(!promise(&broken, None).pass);
     }
 
     #[test]
