@@ -262,20 +262,48 @@ fn decisions_and_the_wire_agree_with_the_mlx_backend() {
         ok(mlx.post_json("/v1/systemone", &wire)),
         ok(gw.post_json("/v1/systemone", &wire)),
     );
-    for id in ["late", "day", "care"] {
+    // Each type's answer by its own fields: a yes/no's probability, a
+    // choice's key and probabilities, a score's value and probabilities.
+    let near = |id: &str, field: &str, x: &Value, y: &Value| {
+        let (p, q) = (x[field].as_f64(), y[field].as_f64());
+        let (Some(p), Some(q)) = (p, q) else {
+            panic!("{id}: {field} missing in {x} or {y}");
+        };
+        // A score is an expectation over levels 0 to 2.
+        let tolerance = if field == "score" { 2e-3 } else { 1e-3 };
+        assert!((p - q).abs() < tolerance, "{id}: {field} {p} and {q}");
+    };
+    let close = |id: &str, x: &Value, y: &Value| {
+        let (p, q) = (
+            x["probabilities"].as_object(),
+            y["probabilities"].as_object(),
+        );
+        let (Some(p), Some(q)) = (p, q) else {
+            panic!("{id}: probabilities missing in {x} or {y}");
+        };
+        assert_eq!(p.len(), q.len(), "{id}");
+        let d = kl(p, q);
+        assert!(d <= 1e-4, "{id}: KL {d}");
+    };
+    for (id, kind) in [("late", "noul"), ("day", "choice"), ("care", "score")] {
         let (x, y) = (&a["answers"][id], &b["answers"][id]);
-        assert_eq!(x["choice"], y["choice"], "{id}");
-        match x.get("probabilities") {
-            Some(p) => {
-                let d = kl(
-                    p.as_object().unwrap(),
-                    y["probabilities"].as_object().unwrap(),
-                );
-                assert!(d <= 1e-4, "{id}: KL {d}");
+        assert_eq!(
+            (&x["type"], &y["type"]),
+            (&json!(kind), &json!(kind)),
+            "{id}"
+        );
+        match kind {
+            "noul" => near(id, "noul", x, y),
+            "choice" => {
+                assert!(x["choice"].is_string(), "{id}: {x}");
+                assert_eq!(x["choice"], y["choice"], "{id}");
+                near(id, "confidence", x, y);
+                close(id, x, y);
             }
-            None => {
-                let (p, q) = (x["noul"].as_f64().unwrap(), y["noul"].as_f64().unwrap());
-                assert!((p - q).abs() < 1e-3, "{id}: {p} and {q}");
+            _ => {
+                near(id, "score", x, y);
+                near(id, "confidence", x, y);
+                close(id, x, y);
             }
         }
     }
@@ -457,7 +485,24 @@ fn a_certified_task_with_sets_and_an_abstention_task_register_through_a_real_vll
     let y = answer(&gw);
     assert_eq!(y["x_task"], "day", "{y}");
     assert_eq!(y["x_certificate"], rb["certificate"]["id"], "{y}");
-    assert!(y["x_prediction_set"].is_array(), "{y}");
+    // The set: the options whose LAC score (1 − p) passes the threshold
+    // fitted on the held-out examples, recomputed from the answer.
+    let set = y["x_prediction_set"].as_array().expect("a prediction set");
+    let sets = &rb["prediction_sets"];
+    assert_eq!(sets["score"], "lac", "{rb}");
+    let threshold = sets["threshold"].as_f64().expect("a threshold");
+    let probabilities = y["probabilities"].as_object().expect("probabilities");
+    assert_eq!(probabilities.len(), 3, "{y}");
+    for (option, p) in probabilities {
+        let p = p.as_f64().unwrap();
+        if (1.0 - p - threshold).abs() > 1e-6 {
+            assert_eq!(
+                set.contains(&json!(option)),
+                1.0 - p < threshold,
+                "{option}: {y}"
+            );
+        }
+    }
     let export = ok(gw.request("GET", "/v1/tasks?full=1", &[], None).unwrap());
     let id = b["id"].as_str().unwrap();
     ok(gw
@@ -490,7 +535,9 @@ fn a_certified_task_with_sets_and_an_abstention_task_register_through_a_real_vll
     );
     let z = answer(&gw);
     assert_eq!(z["x_abstention_task"], "day-unsure", "{z}");
+    let on_mlx = answer(&mlx);
     assert!(z["x_abstained"].is_boolean(), "{z}");
+    assert_eq!(z["x_abstained"], on_mlx["x_abstained"], "{z} vs {on_mlx}");
     // Registered again in the reference's form, certified on a separate
     // list: the fit sees the twelve cases, the list is the held-out side.
     let reference = |(m, l): &(&str, &str)| json!({"request": {"state": m, "questions": {"day": day}}, "answer": l});
