@@ -261,4 +261,71 @@ mod tests {
             }
         }
     }
+
+    /// Sets of crepes, an implementation written apart from this one
+    /// (`scripts/reference/conformal_cases.py`: 100 seeded cases of 10 to
+    /// 400 calibration examples, 2 to 8 options, LAC and APS, probabilities
+    /// rounded so that scores tie, 30 test examples each): every set is
+    /// the same, LAC's ties with the threshold included (`1 − p` is the
+    /// same float on both sides). An APS score within 1e-9 of the
+    /// threshold is not compared: its sum of rounded probabilities may
+    /// round a tie apart differently on the two sides (0.9 as
+    /// 0.8999999999999999 and 0.9000000000000001 in one case); the test
+    /// counts them.
+    #[test]
+    fn sets_are_crepes_sets() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/conformal/cases.json"
+        );
+        let file: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let rows = |v: &serde_json::Value| -> Vec<Vec<f64>> {
+            v.as_array()
+                .unwrap()
+                .iter()
+                .map(|r| {
+                    r.as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|x| x.as_f64().unwrap())
+                        .collect()
+                })
+                .collect()
+        };
+        let (mut compared, mut at_the_threshold) = (0, 0);
+        let cases = file["cases"].as_array().unwrap();
+        assert_eq!(cases.len(), 100);
+        for (i, c) in cases.iter().enumerate() {
+            let score = match c["score"].as_str().unwrap() {
+                "lac" => Score::Lac,
+                _ => Score::Aps,
+            };
+            let alpha = c["alpha"].as_f64().unwrap();
+            let truth: Vec<usize> = c["truth"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|y| y.as_u64().unwrap() as usize)
+                .collect();
+            let threshold = calibrate(score, &rows(&c["calibration"]), &truth, alpha).unwrap();
+            for (p, want) in rows(&c["test"]).iter().zip(c["sets"].as_array().unwrap()) {
+                let got = prediction_set(score, p, threshold);
+                for j in 0..p.len() {
+                    if score == Score::Aps && (score.of(p, j) - threshold).abs() < 1e-9 {
+                        at_the_threshold += 1;
+                        continue;
+                    }
+                    compared += 1;
+                    let theirs = want.as_array().unwrap().contains(&serde_json::json!(j));
+                    assert_eq!(got.contains(&j), theirs, "case {i}, option {j} of {p:?}");
+                }
+            }
+        }
+        assert!(compared > 10_000, "{compared}");
+        assert!(
+            at_the_threshold * 20 < compared,
+            "{at_the_threshold} of {compared}"
+        );
+    }
 }
