@@ -274,42 +274,30 @@ mod tests {
     /// counts them.
     #[test]
     fn sets_are_crepes_sets() {
+        #[derive(Deserialize)]
+        struct Case {
+            score: Score,
+            alpha: f64,
+            calibration: Vec<Vec<f64>>,
+            truth: Vec<usize>,
+            test: Vec<Vec<f64>>,
+            sets: Vec<Vec<usize>>,
+        }
+        #[derive(Deserialize)]
+        struct Cases {
+            cases: Vec<Case>,
+        }
         let path = concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/tests/fixtures/conformal/cases.json"
         );
-        let file: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-        let rows = |v: &serde_json::Value| -> Vec<Vec<f64>> {
-            v.as_array()
-                .unwrap()
-                .iter()
-                .map(|r| {
-                    r.as_array()
-                        .unwrap()
-                        .iter()
-                        .map(|x| x.as_f64().unwrap())
-                        .collect()
-                })
-                .collect()
-        };
+        let file: Cases = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
         let (mut compared, mut at_the_threshold) = (0, 0);
-        let cases = file["cases"].as_array().unwrap();
-        assert_eq!(cases.len(), 100);
-        for (i, c) in cases.iter().enumerate() {
-            let score = match c["score"].as_str().unwrap() {
-                "lac" => Score::Lac,
-                _ => Score::Aps,
-            };
-            let alpha = c["alpha"].as_f64().unwrap();
-            let truth: Vec<usize> = c["truth"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|y| y.as_u64().unwrap() as usize)
-                .collect();
-            let threshold = calibrate(score, &rows(&c["calibration"]), &truth, alpha).unwrap();
-            for (p, want) in rows(&c["test"]).iter().zip(c["sets"].as_array().unwrap()) {
+        assert_eq!(file.cases.len(), 100);
+        for (i, c) in file.cases.iter().enumerate() {
+            let (score, alpha) = (c.score, c.alpha);
+            let threshold = calibrate(score, &c.calibration, &c.truth, alpha).unwrap();
+            for (p, want) in c.test.iter().zip(&c.sets) {
                 let got = prediction_set(score, p, threshold);
                 for j in 0..p.len() {
                     if score == Score::Aps && (score.of(p, j) - threshold).abs() < 1e-9 {
@@ -317,7 +305,7 @@ mod tests {
                         continue;
                     }
                     compared += 1;
-                    let theirs = want.as_array().unwrap().contains(&serde_json::json!(j));
+                    let theirs = want.contains(&j);
                     assert_eq!(got.contains(&j), theirs, "case {i}, option {j} of {p:?}");
                 }
             }

@@ -280,10 +280,11 @@ pub fn outcomes(c: &TrustRecord, r: Option<&TrustRecord>, g: &TrustGate) -> Vec<
                 });
             }
         }
+        let rt = r.and_then(|r| r.tasks.iter().find(|x| x.name == t.name));
         if !t.certified.is_empty() {
-            out.push(promise(c, t, r, g));
+            out.push(promise(c, t, rt, g));
         }
-        let Some(rt) = r.and_then(|r| r.tasks.iter().find(|x| x.name == t.name)) else {
+        let Some(rt) = rt else {
             continue;
         };
         let pairs: Vec<(&Certified, &Certified)> = t
@@ -313,8 +314,9 @@ pub fn outcomes(c: &TrustRecord, r: Option<&TrustRecord>, g: &TrustGate) -> Vec<
 /// least often, over the alphas where some draw certified an answer. A
 /// task that certified nothing at any alpha has no promise to check: it
 /// passes only where the reference's record certifies nothing for it
-/// either, and fails without a reference.
-fn promise(c: &TrustRecord, t: &TaskDraws, r: Option<&TrustRecord>, g: &TrustGate) -> Outcome {
+/// either (`rt`, the reference's figures of the task), and fails without
+/// a reference.
+fn promise(c: &TrustRecord, t: &TaskDraws, rt: Option<&TaskDraws>, g: &TrustGate) -> Outcome {
     let line = (1.0 - c.delta) - g.spread * (c.delta * (1.0 - c.delta) / c.draws as f64).sqrt();
     let gate = format!("certified promise {}", t.name);
     let certifying = t.certified.iter().filter(|a| a.certified_share_mean > 0.0);
@@ -331,13 +333,12 @@ fn promise(c: &TrustRecord, t: &TaskDraws, r: Option<&TrustRecord>, g: &TrustGat
             pass: w.promise_held >= line - 1e-12,
         },
         None => {
-            let reference = r.and_then(|r| r.tasks.iter().find(|x| x.name == t.name));
-            let none_there = reference
-                .is_some_and(|rt| rt.certified.iter().all(|a| a.certified_share_mean == 0.0));
+            let none_there =
+                rt.is_some_and(|rt| rt.certified.iter().all(|a| a.certified_share_mean == 0.0));
             Outcome {
                 gate,
                 candidate: "nothing certified".into(),
-                reference: match reference {
+                reference: match rt {
                     Some(_) if none_there => "nothing certified".into(),
                     Some(_) => "some certified".into(),
                     None => "none".into(),
