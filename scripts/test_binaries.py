@@ -100,10 +100,15 @@ def main():
         log = logs / f"{name.replace(':', '_')}.log"
         t0 = time.time()
         with open(log, "w") as f:
-            code = subprocess.call([exe, "-Z", "unstable-options", "--report-time", *a.filters],
-                                   cwd=ROOT, env=env(), stdout=f,
-                                   stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            child = subprocess.Popen([exe, "-Z", "unstable-options", "--report-time", *a.filters],
+                                     cwd=ROOT, env=env(), stdout=f,
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            # wait4: the binary's own CPU time with that of the servers it
+            # started and reaped (user and system).
+            _, status, usage = os.wait4(child.pid, 0)
+            child.returncode = code = os.waitstatus_to_exitcode(status)
         seconds = time.time() - t0
+        cpu = usage.ru_utime + usage.ru_stime
         text = log.read_text(errors="replace")
         counts = [0, 0, 0]
         for m in RESULT.finditer(text):
@@ -119,7 +124,8 @@ def main():
             else:
                 print(f"[tests] {name} FAILED (exit {code}, {seconds:.1f} s); its output:\n{text}",
                       flush=True)
-        return {"name": name, "seconds": round(seconds, 1), "exit": code, "passed": counts[0],
+        return {"name": name, "seconds": round(seconds, 1), "cpu_s": round(cpu, 1), "exit": code,
+                "passed": counts[0],
                 "failed": counts[1], "ignored": counts[2],
                 "tests": [{"name": t, "seconds": sec} for t, sec in tests]}
 
@@ -131,15 +137,17 @@ def main():
     failed = sum(r["failed"] for r in results)
     ignored = sum(r["ignored"] for r in results)
     bad = [r for r in results if r["exit"] != 0]
-    print("\n[tests] wall time of each binary (s), longest first:")
+    print("\n[tests] wall time and CPU time (user and system, with the servers it started)"
+          " of each binary (s), longest first:")
     for r in sorted(results, key=lambda r: -r["seconds"]):
         status = "ok" if r["exit"] == 0 else f"FAILED ({r['exit']})"
-        print(f"  {r['seconds']:7.1f}  {r['name']:<28} {r['passed']:>4} passed  {status}")
+        print(f"  {r['seconds']:7.1f}  {r['cpu_s']:7.1f} cpu  {r['name']:<28} {r['passed']:>4} passed  {status}")
     slowest = sorted((t for r in results for t in r["tests"]), key=lambda t: -t["seconds"])[:15]
     print("[tests] the slowest tests (s, each on a machine shared with the others):")
     for t in slowest:
         print(f"  {t['seconds']:7.1f}  {t['name']}")
-    print(f"[tests] build {build_s:.0f} s, run {wall - build_s:.0f} s, {len(results)} binaries")
+    print(f"[tests] build {build_s:.0f} s, run {wall - build_s:.0f} s, {len(results)} binaries, "
+          f"{sum(r['cpu_s'] for r in results):.0f} s of CPU")
     if not a.filters:
         a.times.parent.mkdir(parents=True, exist_ok=True)
         a.times.write_text(json.dumps({r["name"]: r["seconds"] for r in results}, indent=1))
