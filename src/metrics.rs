@@ -5,7 +5,7 @@
 //! one served model, `state` is `cached` or `new`, `upstream` is one of the
 //! `--upstream` URLs (at most `max_upstreams` of them, fixed at start) and
 //! `outcome` one of `ok`, `http_4xx`, `http_5xx`, `timeout`, `connect`,
-//! `invalid`; task registration metrics are labelled by status or outcome
+//! `invalid`; `retry` one of `1`, `2`, `3`, `4+`, `invalid`; task registration metrics are labelled by status or outcome
 //! (a fixed set), never by task; System One questions by `type` (`noul`,
 //! `choice`, `score`). Certified tasks' metrics are labelled by `task`, the
 //! task's name: at most the 256 tasks a server holds, and a deleted task's series
@@ -47,6 +47,11 @@ pub struct Metrics {
     pub queue_depth: IntGauge,
     pub http_requests: IntCounterVec,
     pub http_request_seconds: HistogramVec,
+    /// Requests a client marked as a retry (`X-TypeSafe-Retry-Count`, as
+    /// typesafe-sdk sends it), by route pattern and retry number (`1`,
+    /// `2`, `3`, `4+`, or `invalid` for a value that is not a whole
+    /// number from 1).
+    pub client_retries: IntCounterVec,
     /// Requests sent to each upstream server, by outcome.
     pub upstream_requests: IntCounterVec,
     /// Seconds each upstream took to answer (any outcome).
@@ -183,6 +188,15 @@ impl Metrics {
                     "Seconds to answer an HTTP request (to the first byte of a stream).",
                 ),
                 &["route", "method"],
+            )
+            .expect("metric"),
+            client_retries: IntCounterVec::new(
+                Opts::new(
+                    "decisio_client_retries_total",
+                    "Requests a client marked as a retry (X-TypeSafe-Retry-Count), by route \
+                     pattern and retry number (1, 2, 3, 4+, invalid).",
+                ),
+                &["route", "retry"],
             )
             .expect("metric"),
             upstream_requests: IntCounterVec::new(
@@ -331,6 +345,7 @@ impl Metrics {
             Box::new(self.queue_depth.clone()),
             Box::new(self.http_requests.clone()),
             Box::new(self.http_request_seconds.clone()),
+            Box::new(self.client_retries.clone()),
             Box::new(self.upstream_requests.clone()),
             Box::new(self.upstream_seconds.clone()),
             Box::new(self.upstream_in_flight.clone()),

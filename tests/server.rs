@@ -427,6 +427,7 @@ fn a_full_queue_answers_503_and_nothing_is_dropped() {
             let r = s.post_json("/v1/chat/completions", &chat("Hi"));
             assert_eq!(error_of(&r, 503)["code"], "queue_full");
             assert_eq!(r.header("retry-after"), Some("1"));
+            assert_eq!(r.header("retry-after-ms"), Some("1000"));
         }
         assert_eq!(queue_depth(&s), 2);
         // Hanging up stops the running generation; the waiting one is

@@ -51,6 +51,7 @@ fn systemone() -> Value {
 fn assert_waiting(r: &Response, url: &str) {
     assert_eq!(r.status, 503, "{}", r.text());
     assert_eq!(r.header("retry-after"), Some("1"), "{:?}", r.headers);
+    assert_eq!(r.header("retry-after-ms"), Some("1000"), "{:?}", r.headers);
     let e = r.json();
     assert_eq!(e["error"]["code"], "upstream_unavailable", "{e}");
     assert_eq!(e["error"]["type"], "service_unavailable_error", "{e}");
@@ -123,6 +124,7 @@ fn started_before_its_upstream<U>(
     let r = gateway.post_json("/v1/systemone", &systemone());
     assert_eq!(r.status, 503, "{}", r.text());
     assert_eq!(r.header("retry-after"), Some("1"));
+    assert_eq!(r.header("retry-after-ms"), Some("1000"));
     let detail = &r.json()["detail"];
     assert_eq!(detail["error_type"], "overloaded_error", "{detail}");
     assert!(

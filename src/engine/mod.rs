@@ -280,8 +280,22 @@ pub enum EngineError {
     LoadFailed(String),
     #[error("the engine has stopped")]
     Stopped,
+    /// A fault of the server or of the model's computation (a bug, or an
+    /// MLX exception other than an allocation failure): the server's fault.
     #[error("model error: {0}")]
     Model(String),
+    /// The computation could not allocate the memory it needed
+    /// ([`EngineError::computation`]): it passes as other requests finish.
+    #[error(
+        "the server ran out of memory for this request ({0}); retry later, or send a shorter \
+         state or fewer questions"
+    )]
+    OutOfMemory(String),
+    /// The request asks for something this backend does not serve
+    /// (embeddings, image parts or hidden states where it has none): the
+    /// request's fault, never retried.
+    #[error("{0}")]
+    Unsupported(String),
     /// No upstream server could take the request (all ejected, refused, or
     /// answering 503): the client may retry.
     #[error("{0}")]
@@ -297,6 +311,21 @@ pub enum EngineError {
     /// the message says which.
     #[error("{0}")]
     Waiting(String),
+}
+
+impl EngineError {
+    /// An error of the model's computation: [`EngineError::OutOfMemory`]
+    /// where it is an allocation failure, as MLX words them (`[malloc]
+    /// Unable to allocate N bytes.` of its allocator, `[metal::malloc]` of
+    /// Metal's, or a C++ `std::bad_alloc`), else [`EngineError::Model`].
+    pub fn computation(message: String) -> Self {
+        let allocation = ["Unable to allocate", "[metal::malloc]", "bad_alloc"];
+        if allocation.iter().any(|a| message.contains(a)) {
+            EngineError::OutOfMemory(message)
+        } else {
+            EngineError::Model(message)
+        }
+    }
 }
 
 /// Whether a backend can take jobs.
@@ -377,7 +406,7 @@ pub trait Engine: Send + Sync + 'static {
     /// where [`Capabilities::embeddings`] says so.
     fn embed(&self, inputs: Vec<Vec<u32>>) -> Result<EmbedReceiver, EngineError> {
         let _ = inputs;
-        Err(EngineError::Model(
+        Err(EngineError::Unsupported(
             "embeddings are not served by this backend".into(),
         ))
     }
@@ -387,7 +416,7 @@ pub trait Engine: Send + Sync + 'static {
     /// where [`Capabilities::image_refusal`] is `None`.
     fn chat_passthrough(&self, body: serde_json::Value) -> Result<ChatReceiver, EngineError> {
         let _ = body;
-        Err(EngineError::Model(
+        Err(EngineError::Unsupported(
             "image content parts are not served by this backend".into(),
         ))
     }

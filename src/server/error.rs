@@ -2,12 +2,25 @@
 //! to OpenAI's shape `{"error": {"message", "type", "param", "code"}}`.
 
 use actix_web::http::StatusCode;
-use actix_web::{HttpResponse, ResponseError};
+use actix_web::{HttpResponse, HttpResponseBuilder, ResponseError};
 use serde::Serialize;
 
 use crate::engine::EngineError;
 use crate::route::RouteError;
 use crate::tasks::TaskError;
+
+/// How long a client should wait before it retries a 503, as the two
+/// headers clients read: `Retry-After` (RFC 9110 §10.2.3, whole seconds)
+/// and `retry-after-ms` (milliseconds; typesafe-sdk and the OpenAI SDKs read
+/// it first).
+pub const RETRY_AFTER_MS: u64 = 1000;
+
+/// Adds the retry headers of a 503 ([`RETRY_AFTER_MS`]).
+pub fn retry_after(response: &mut HttpResponseBuilder) -> &mut HttpResponseBuilder {
+    response
+        .insert_header(("Retry-After", RETRY_AFTER_MS.div_ceil(1000).to_string()))
+        .insert_header(("retry-after-ms", RETRY_AFTER_MS.to_string()))
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -58,7 +71,9 @@ pub enum ApiError {
     /// 415: a body that is not JSON.
     #[error("{0}")]
     UnsupportedMediaType(String),
-    /// 503: the queue is full, or the model is not loaded.
+    /// 503, with the retry headers ([`retry_after`]): the queue is full,
+    /// the model is not loaded, or no upstream can take the request; all of
+    /// them pass by themselves.
     #[error("{message}")]
     Unavailable { message: String, code: &'static str },
     /// 500: a failure inside the server.
@@ -174,7 +189,7 @@ impl ResponseError for ApiError {
         let mut response = HttpResponse::build(self.status_code());
         match self {
             ApiError::Unavailable { .. } => {
-                response.insert_header(("Retry-After", "1"));
+                retry_after(&mut response);
             }
             // RFC 9110 §11.6.1: a 401 says which scheme it wants.
             ApiError::Unauthorized(_) => {
@@ -203,6 +218,14 @@ impl From<EngineError> for ApiError {
                 }
             }
             EngineError::Model(m) => ApiError::Internal(m),
+            EngineError::OutOfMemory(_) => ApiError::Unavailable {
+                message: e.to_string(),
+                code: "out_of_memory",
+            },
+            EngineError::Unsupported(m) => ApiError::BadRequest {
+                message: m,
+                param: None,
+            },
             EngineError::UpstreamUnavailable(m) | EngineError::Waiting(m) => {
                 ApiError::Unavailable {
                     message: m,

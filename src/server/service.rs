@@ -6,7 +6,7 @@
 use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
 use serde::Serialize;
 
-use super::error::ApiError;
+use super::error::{retry_after, ApiError};
 use super::AppState;
 use crate::engine::{EngineError, EngineStatus};
 
@@ -85,9 +85,7 @@ pub async fn health(state: web::Data<AppState>) -> Result<HttpResponse, ApiError
             let e = ApiError::from(EngineError::Waiting(w.message.clone()));
             let mut body = e.body();
             body["waiting"] = serde_json::to_value(&w).unwrap_or_default();
-            Ok(HttpResponse::ServiceUnavailable()
-                .insert_header(("Retry-After", "1"))
-                .json(body))
+            Ok(retry_after(&mut HttpResponse::ServiceUnavailable()).json(body))
         }
     }
 }

@@ -5,12 +5,16 @@ fixture (docs/design/systemone.md)."""
 
 import asyncio
 import gzip
+import http.client
 import json
+import logging
 import os
 import re
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 import urllib.request
 from pathlib import Path
 
@@ -231,3 +235,112 @@ def test_the_reference_decisio_on_vllm_answers_as_decisio_does(backend, referenc
     assert requests == len(items) == (VLLM_REQUESTS if backend == "vllm" else TWO_ENGINES)
     assert asked == sum(len(i["request"]["questions"]) for i in items)
     print(f"two engines ({backend}): {asked} questions, largest difference {worst:.2e}")
+
+
+def post_json(base, path, body):
+    """(status, headers, JSON body) of a POST, errors included."""
+    req = urllib.request.Request(base + path, json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=600) as r:
+            return r.status, r.headers, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers, json.loads(e.read())
+
+
+def queue_depth(base):
+    with urllib.request.urlopen(base + "/metrics", timeout=30) as r:
+        text = r.read().decode()
+    return int(float(re.search(r"^decisio_queue_depth (\S+)$", text, re.M).group(1)))
+
+
+def retries_counted(base):
+    """decisio_client_retries_total of POST /v1/systemone, by retry label."""
+    with urllib.request.urlopen(base + "/metrics", timeout=30) as r:
+        text = r.read().decode()
+    return {m.group(1): int(float(m.group(2))) for m in re.finditer(
+        r'^decisio_client_retries_total\{retry="([^"]+)",route="/v1/systemone"\} (\S+)$', text, re.M)}
+
+
+def test_a_full_queue_is_retried_as_its_headers_say(caplog):
+    """A full queue (`--max-queue 1`: a long generation running, another
+    job waiting) answers System One 503 `overloaded_error` with
+    `Retry-After` and `retry-after-ms`; typesafe-sdk waits what they say
+    (its own backoff would wait at most 0.5 s before its first retry), its
+    retries carry `X-TypeSafe-Retry-Count`, which decisio counts, and the
+    request is answered once the queue has room. A request over the context
+    is refused with a 4xx meanwhile, never a 503. On the MLX backend, whose
+    streamed generation holds the engine token by token until its client
+    hangs up; the vLLM backend's 503s go through the same error type and
+    middleware (tests/vllm_wait.rs checks their headers)."""
+    backend = "mlx"
+    proc, base = start_server(["--model", str(MODEL), "--max-queue", "1"])
+    try:
+        body = {"messages": [{"role": "user", "content": "Tell me a long story."}],
+                "max_tokens": 1500, "temperature": 0, "ignore_eos": True, "stream": True}
+        running = http.client.HTTPConnection(base.removeprefix("http://"), timeout=600)
+        running.request("POST", "/v1/chat/completions", json.dumps(body),
+                        {"Content-Type": "application/json"})
+        stream = running.getresponse()
+        assert stream.status == 200, stream.read()
+        while not stream.readline().startswith(b"data:"):  # the engine took it
+            pass
+        waiting = threading.Thread(target=lambda: post_json(base, "/v1/chat/completions", {
+            "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}))
+        if backend == "mlx":  # the MLX queue holds one job beside the running one
+            waiting.start()
+            deadline = time.time() + 60
+            while queue_depth(base) < 2:
+                assert time.time() < deadline, "no job waited in the queue"
+                time.sleep(0.05)
+        # Refused while the queue is full, in System One's shape.
+        wire = {"state": TICKET, "questions": {"team": {
+            "type": "choice", "instructions": "Which team?",
+            "criteria": {"Billing": None, "Technical": None}}}}
+        status, headers, answer = post_json(base, "/v1/systemone", wire)
+        assert status == 503, answer
+        assert answer["detail"]["error_type"] == "overloaded_error", answer
+        assert (headers["retry-after"], headers["retry-after-ms"]) == ("1", "1000")
+        # A request that could never fit is refused as such, full queue or
+        # not: a 4xx its client does not retry.
+        status, headers, answer = post_json(base, "/v1/systemone", {**wire, "state": "word " * 20000})
+        assert 400 <= status < 500, answer
+        assert "retry-after" not in headers, headers
+
+        # The SDK retries as told; the queue frees 2.5 s after it starts,
+        # when the long generation hangs up and the engine frees its place.
+        caplog.set_level(logging.INFO, logger="typesafe_sdk")
+        result = {}
+        client = TypeSafeClient(api_key=API_KEY, base_url=base, timeout=600,
+                                retry=RetryPolicy(max_retries=8, timeout=120))
+        asking = threading.Thread(target=lambda: result.update(
+            r=client.system_one(state=TICKET, questions=questions())))
+        asking.start()
+        time.sleep(2.5)
+        running.close()
+        asking.join(timeout=300)
+        if waiting.ident is not None:
+            waiting.join(timeout=300)
+        assert "r" in result, "the SDK's request was not answered"
+        check(result["r"], 3)
+        # The SDK's log, in order: each 503 it read, then the retry after it.
+        log = [(rec.created, rec.getMessage()) for rec in caplog.records if rec.name.startswith("typesafe_sdk")]
+        numbers, waits, last_503 = [], [], None
+        for created, message in log:
+            if re.search(r" <- 503 in ", message):
+                last_503 = created
+            elif m := re.search(r" retry (\d+)$", message):
+                numbers.append(int(m.group(1)))
+                waits.append(created - last_503)
+        assert len(numbers) >= 2 and numbers == list(range(1, len(numbers) + 1)), log
+        assert re.search(r" <- 200 in ", log[-1][1]), log
+        # Retry-After's second each time, where the SDK's own backoff waits
+        # at most 0.5 s before its first retry.
+        assert all(w >= 0.95 for w in waits), waits
+        want = {}
+        for n in numbers:
+            label = str(n) if n < 4 else "4+"
+            want[label] = want.get(label, 0) + 1
+        assert retries_counted(base) == want, (retries_counted(base), numbers)
+    finally:
+        stop_server(proc)

@@ -4,6 +4,7 @@
 //! prefix cache.
 
 use std::collections::VecDeque;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -18,7 +19,7 @@ use super::model::MlxModel;
 use super::options::{Device, MlxOptions};
 use super::passes::{self, Scoring};
 use super::sample::{self, Rng};
-use super::{loader, memory};
+use super::{fault, loader, memory};
 use crate::engine::prefix_cache::PrefixCache;
 use crate::engine::{
     Capabilities, EmbedReceiver, Engine, EngineError, EngineStatus, FinishReason, GenerateEvent,
@@ -226,6 +227,8 @@ fn engine_thread(
         let Some(item) = work.pop_front() else {
             continue;
         };
+        // A panic in a job's work fails that job (a 500, once), is
+        // logged, and the thread serves on.
         let done = match item {
             Work::Scoring(mut scoring) => {
                 let mut e = passes::Engine {
@@ -234,11 +237,16 @@ fn engine_thread(
                     prefix_cache: &prefix_cache,
                     prompts: &mut prompts,
                 };
-                match scoring.step(&mut e) {
-                    Some(n) => n,
-                    None => {
+                let jobs = scoring.jobs();
+                match catch_unwind(AssertUnwindSafe(|| scoring.step(&mut e))) {
+                    Ok(Some(n)) => n,
+                    Ok(None) => {
                         work.push_back(Work::Scoring(scoring));
                         0
+                    }
+                    Err(panic) => {
+                        scoring.fail(panicked(&*panic));
+                        jobs
                     }
                 }
             }
@@ -251,8 +259,16 @@ fn engine_thread(
                     cache: &prefix_cache,
                     index: &mut prompts,
                 };
-                if let Err(e) = generate(&model, &options, kept, &request, &events) {
-                    let _ = events.blocking_send(Err(EngineError::Model(e.to_string())));
+                let ran = catch_unwind(AssertUnwindSafe(|| {
+                    generate(&model, &options, kept, &request, &events)
+                }));
+                let failed = match ran {
+                    Ok(Ok(())) => None,
+                    Ok(Err(e)) => Some(EngineError::computation(e.to_string())),
+                    Err(panic) => Some(panicked(&*panic)),
+                };
+                if let Some(e) = failed {
+                    let _ = events.blocking_send(Err(e));
                 }
                 1
             }
@@ -262,7 +278,10 @@ fn engine_thread(
                         cache: &prefix_cache,
                         index: &mut prompts,
                     };
-                    let _ = reply.send(embed_all(&model, &options, kept, &inputs));
+                    let embedded = catch_unwind(AssertUnwindSafe(|| {
+                        embed_all(&model, &options, kept, &inputs)
+                    }));
+                    let _ = reply.send(embedded.unwrap_or_else(|panic| Err(panicked(&*panic))));
                 }
                 1
             }
@@ -272,6 +291,22 @@ fn engine_thread(
             export_memory(&options.metrics);
         }
     }
+}
+
+/// The error a job gets when its work panicked: the server's fault,
+/// logged with the panic's message.
+fn panicked(panic: &(dyn std::any::Any + Send)) -> EngineError {
+    let message = panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("a panic without a message");
+    tracing::error!(
+        "a job's work panicked: {message}; its clients get a 500, the engine serves on"
+    );
+    EngineError::Model(format!(
+        "the engine failed on this request ({message}); the server logged it and serves on"
+    ))
 }
 
 /// What the engine thread has in hand: a scoring job, read a step at a
@@ -322,7 +357,8 @@ fn embed_all(
                 cache: kept.cache,
                 index: &mut *kept.index,
             };
-            embed_one(model, options, kept, ids).map_err(|e| EngineError::Model(e.to_string()))
+            embed_one(model, options, kept, ids)
+                .map_err(|e| EngineError::computation(e.to_string()))
         })
         .collect()
 }
@@ -433,6 +469,7 @@ fn generate(
     request: &GenerateRequest,
     events: &mpsc::Sender<Result<GenerateEvent, EngineError>>,
 ) -> MlxResult<()> {
+    fault::hook();
     let send = |e: GenerateEvent| events.blocking_send(Ok(e)).is_ok();
     let (mut hidden, mut cache) = if let Some(k) = request.prompt_logprobs {
         let mut cache = model.new_cache();
@@ -520,4 +557,121 @@ fn prompt_logprobs(
     }
     let last = last.ok_or_else(|| MlxError::Config("an empty prompt has no next token".into()))?;
     Ok((last, out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::{MultiQuestion, QuestionTokens, StateHash};
+
+    /// The fixture model (`make setup`), where the tests find it.
+    fn fixture() -> PathBuf {
+        std::env::var_os("DECISIO_MODEL")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| {
+                let home = std::env::var_os("HOME").expect("HOME");
+                PathBuf::from(home).join(".cache/decisio/models/smollm2-135m-instruct")
+            })
+    }
+
+    #[test]
+    fn a_job_that_panics_fails_alone_and_the_engine_serves_on() {
+        let dir = fixture();
+        assert!(
+            dir.join("config.json").exists(),
+            "no fixture model at {dir:?}: run make setup"
+        );
+        let options = MlxOptions {
+            load: Default::default(),
+            prefix_cache_mib: 64,
+            metrics: Arc::new(Metrics::new()),
+            max_queue: 4,
+            prefill_chunk: 512,
+            pass_tokens: 4096,
+            answers_per_state: 8,
+        };
+        let engine = MlxEngine::start(dir, options).unwrap();
+        let started = std::time::Instant::now();
+        while engine.status() != EngineStatus::Ready {
+            assert!(started.elapsed().as_secs() < 120, "{:?}", engine.status());
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let prefix: Vec<u32> = (100..140).collect();
+        let request = || ScoreRequest {
+            state: StateHash::new("fixture", "tokenizer", "none", &prefix),
+            prefix: prefix.clone(),
+            questions: vec![QuestionTokens {
+                suffix: vec![200, 201, 202],
+                read: vec![32, 33],
+            }],
+            hidden: false,
+            hidden_layer: None,
+            mode: MultiQuestion::Sequential,
+            cache: true,
+            packed: None,
+        };
+        let score = |r: ScoreRequest| engine.score(r).unwrap().blocking_recv().unwrap();
+
+        fault::FAULT.store(true, Ordering::SeqCst);
+        match score(request()) {
+            Err(EngineError::Model(m)) => assert!(m.contains("fault hook"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(engine.queue_depth(), 0);
+        assert_eq!(engine.status(), EngineStatus::Ready);
+        // The same job again is answered; a generation that panics fails
+        // alone too, and the next one runs.
+        let answered = score(request()).unwrap();
+        assert_eq!(answered.questions.len(), 1);
+        let generation = |max_tokens| {
+            let mut events = engine
+                .generate(GenerateRequest {
+                    prompt: prefix.clone(),
+                    max_tokens,
+                    sampling: Default::default(),
+                    logprobs: None,
+                    prompt_logprobs: None,
+                    stop_token_ids: vec![],
+                    logprob_token_ids: vec![],
+                })
+                .unwrap();
+            std::iter::from_fn(|| events.blocking_recv()).collect::<Vec<_>>()
+        };
+        fault::FAULT.store(true, Ordering::SeqCst);
+        let failed = generation(2);
+        assert!(
+            matches!(&failed[..], [Err(EngineError::Model(m))] if m.contains("fault hook")),
+            "{failed:?}"
+        );
+        let ran = generation(2);
+        assert!(ran.iter().all(Result::is_ok), "{ran:?}");
+        assert!(
+            matches!(ran.last(), Some(Ok(GenerateEvent::Finished(_)))),
+            "{ran:?}"
+        );
+        assert_eq!(engine.queue_depth(), 0);
+    }
+
+    #[test]
+    fn allocation_failures_are_told_from_other_faults() {
+        for message in [
+            "MLX: [malloc] Unable to allocate 68719476736 bytes.",
+            "MLX: [malloc_or_wait] Unable to allocate 1024 bytes.",
+            "MLX: [metal::malloc] Attempting to allocate 80000000000 bytes which is greater than \
+             the maximum allowed buffer size of 77309411328 bytes.",
+            "MLX: std::bad_alloc",
+        ] {
+            assert!(
+                matches!(
+                    EngineError::computation(message.into()),
+                    EngineError::OutOfMemory(_)
+                ),
+                "{message}"
+            );
+        }
+        assert!(matches!(
+            EngineError::computation("MLX: [matmul] Last dimension of first input".into()),
+            EngineError::Model(_)
+        ));
+    }
 }

@@ -42,6 +42,7 @@ pub mod cache;
 pub mod delta;
 mod engine;
 mod error;
+mod fault;
 pub mod gemma4;
 pub mod graph;
 pub mod host;

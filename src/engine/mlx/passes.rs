@@ -113,17 +113,27 @@ impl Scoring {
         if self.jobs.iter().all(|(_, reply, _)| reply.is_closed()) {
             return Some(self.jobs.len());
         }
+        super::fault::hook();
         match self.advance(e) {
             Ok(false) => None,
             Ok(true) => Some(self.answer()),
-            Err(err) => {
-                let n = self.jobs.len();
-                for (_, reply, _) in self.jobs.drain(..) {
-                    let _ = reply.send(Err(EngineError::Model(err.to_string())));
-                }
-                Some(n)
-            }
+            Err(err) => Some(self.fail(EngineError::computation(err.to_string()))),
         }
+    }
+
+    /// The jobs in this scoring.
+    pub fn jobs(&self) -> usize {
+        self.jobs.len()
+    }
+
+    /// Answers every job not answered yet `error` (a step failed, or
+    /// panicked); returns how many there were.
+    pub fn fail(&mut self, error: EngineError) -> usize {
+        let n = self.jobs.len();
+        for (_, reply, _) in self.jobs.drain(..) {
+            let _ = reply.send(Err(error.clone()));
+        }
+        n
     }
 
     /// Runs one step; true when every question is read.

@@ -40,7 +40,7 @@ pub const NO_HEAD_HINT: &str = " (start the gateway with --head-upstream URL, a 
 /// The head pool, or the refusal of what needs it.
 pub fn head_pool<'a>(inner: &'a Inner, what: &str) -> Result<&'a Pool<HeadProbed>, EngineError> {
     inner.head.as_ref().ok_or_else(|| {
-        EngineError::Model(format!(
+        EngineError::Unsupported(format!(
             "{what} are not served by the vLLM backend without a head upstream{NO_HEAD_HINT}"
         ))
     })

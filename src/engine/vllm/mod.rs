@@ -221,7 +221,7 @@ async fn score(inner: &Inner, request: &ScoreRequest) -> Result<ScoreResult, Eng
     if request.hidden {
         head::head_pool(inner, "hidden states")?;
         if let Some(layer) = request.hidden_layer {
-            return Err(EngineError::Model(format!(
+            return Err(EngineError::Unsupported(format!(
                 "the vLLM backend's head upstream returns the final norm's output only, not \
                  block {layer}'s"
             )));
