@@ -26,7 +26,6 @@ use crate::engine::{
     GenerateRequest, GenerateStream, ModelInfo, ScoreReceiver, ScoreRequest, ScoreResult,
     TokenLogprobs,
 };
-use crate::metrics::Metrics;
 use crate::model_config;
 
 enum Job {
@@ -205,7 +204,7 @@ fn engine_thread(
         started.elapsed().as_secs_f64(),
         mlx_rs::memory::active_memory().unwrap_or(0) as f64 / (1u64 << 20) as f64
     );
-    export_memory(&options.metrics);
+    memory::export(&options.metrics);
     set(EngineStatus::Ready);
     let prefix_cache: PrefixCache<Snapshot> =
         PrefixCache::new(options.prefix_cache_mib, options.metrics.clone());
@@ -288,7 +287,7 @@ fn engine_thread(
         };
         if done > 0 {
             depth.fetch_sub(done, Ordering::Relaxed);
-            export_memory(&options.metrics);
+            memory::export(&options.metrics);
         }
     }
 }
@@ -361,24 +360,6 @@ fn embed_all(
                 .map_err(|e| EngineError::computation(e.to_string()))
         })
         .collect()
-}
-
-/// MLX's memory figures as the `decisio_mlx_memory_bytes` gauges
-/// (`memory.rs` says what bounds them).
-fn export_memory(metrics: &Metrics) {
-    use mlx_rs::memory;
-    for (kind, bytes) in [
-        ("active", memory::active_memory()),
-        ("peak", memory::peak_memory()),
-        ("cache", memory::cache_memory()),
-    ] {
-        if let Ok(b) = bytes {
-            metrics
-                .mlx_memory_bytes
-                .with_label_values(&[kind])
-                .set(b as i64);
-        }
-    }
 }
 
 /// The final norm's output at the last position of `ids`, as float32: the
@@ -563,6 +544,7 @@ fn prompt_logprobs(
 mod tests {
     use super::*;
     use crate::engine::{MultiQuestion, QuestionTokens, StateHash};
+    use crate::metrics::Metrics;
 
     /// The fixture model (`make setup`), where the tests find it.
     fn fixture() -> PathBuf {

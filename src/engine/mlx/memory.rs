@@ -17,11 +17,14 @@
 //! After each new state's prefill the buffer cache is cleared, so what a
 //! request leaves behind is the prefix cache's snapshot, not the prefill's
 //! scratch buffers. `decisio_mlx_memory_bytes` exports MLX's active, peak
-//! and cache bytes after each job.
+//! and cache bytes after each job ([`export`]; a scoring job's before its
+//! answers are sent, so a client that reads `/metrics` once answered sees
+//! its request's peak).
 
 use std::ffi::CString;
 
 use super::options::Device;
+use crate::metrics::Metrics;
 
 /// The most MLX's buffer cache may hold: a prefill's scratch (activations
 /// of a 256-token chunk, attention scores) fits many times over.
@@ -105,6 +108,23 @@ pub fn apply(limits: &Limits) -> Result<(), mlx_rs::error::Exception> {
     }
     mlx_rs::memory::set_cache_limit(limits.cache)?;
     Ok(())
+}
+
+/// MLX's memory figures as the `decisio_mlx_memory_bytes` gauges.
+pub fn export(metrics: &Metrics) {
+    use mlx_rs::memory;
+    for (kind, bytes) in [
+        ("active", memory::active_memory()),
+        ("peak", memory::peak_memory()),
+        ("cache", memory::cache_memory()),
+    ] {
+        if let Ok(b) = bytes {
+            metrics
+                .mlx_memory_bytes
+                .with_label_values(&[kind])
+                .set(b as i64);
+        }
+    }
 }
 
 #[cfg(test)]

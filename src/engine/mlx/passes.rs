@@ -116,7 +116,11 @@ impl Scoring {
         super::fault::hook();
         match self.advance(e) {
             Ok(false) => None,
-            Ok(true) => Some(self.answer()),
+            Ok(true) => {
+                // The figures a client may read once answered.
+                super::memory::export(&e.options.metrics);
+                Some(self.answer())
+            }
             Err(err) => Some(self.fail(EngineError::computation(err.to_string()))),
         }
     }
