@@ -5,7 +5,8 @@
 //! one served model, `state` is `cached` or `new`, `upstream` is one of the
 //! `--upstream` URLs (at most `max_upstreams` of them, fixed at start) and
 //! `outcome` one of `ok`, `http_4xx`, `http_5xx`, `timeout`, `connect`,
-//! `invalid`; `retry` one of `1`, `2`, `3`, `4+`, `invalid`; task registration metrics are labelled by status or outcome
+//! `invalid`, `cancelled`; `retry` one of `1`, `2`, `3`, `4+`, `invalid`;
+//! task registration metrics are labelled by status or outcome
 //! (a fixed set), never by task; System One questions by `type` (`noul`,
 //! `choice`, `score`). Certified tasks' metrics are labelled by `task`, the
 //! task's name: at most the 256 tasks a server holds, and a deleted task's series
@@ -33,6 +34,12 @@ pub struct Metrics {
     /// Scoring jobs whose questions were read in the passes of an earlier
     /// job on the same state (MLX: requests merged across clients).
     pub merged_jobs: IntCounter,
+    /// Engine jobs (scoring, generation, embedding) stopped before their
+    /// end because every client waiting on them had left.
+    pub abandoned_jobs: IntCounter,
+    /// State tokens not read again: a request's state read on from the
+    /// part kept when an earlier request on it was left (MLX backend).
+    pub resumed_state_tokens: IntCounter,
     /// System One questions answered, by type.
     pub wire_questions: IntCounterVec,
     /// Seconds a System One request took per question, by type.
@@ -135,6 +142,17 @@ impl Metrics {
                 "decisio_merged_jobs_total",
                 "Scoring requests read in the same passes as an earlier request on the same \
                  state (MLX backend).",
+            ),
+            abandoned_jobs: counter(
+                "decisio_abandoned_jobs_total",
+                "Engine jobs stopped before their end because every client waiting on them \
+                 had left (MLX: within one chunk or pass; vLLM backend: its upstream requests \
+                 cancelled).",
+            ),
+            resumed_state_tokens: counter(
+                "decisio_resumed_state_tokens_total",
+                "State tokens a request did not read again: its state read on from the part kept \
+                 when every client of an earlier request on it left (MLX backend).",
             ),
             wire_questions: IntCounterVec::new(
                 Opts::new(
@@ -333,6 +351,8 @@ impl Metrics {
             Box::new(self.new_state_seconds.clone()),
             Box::new(self.question_passes.clone()),
             Box::new(self.merged_jobs.clone()),
+            Box::new(self.abandoned_jobs.clone()),
+            Box::new(self.resumed_state_tokens.clone()),
             Box::new(self.wire_questions.clone()),
             Box::new(self.wire_question_seconds.clone()),
             Box::new(self.prefix_cache_hits.clone()),

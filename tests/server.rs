@@ -472,3 +472,51 @@ fn requests_during_loading_get_503() {
     s.wait_ready(Duration::from_secs(120));
     assert_eq!(s.post_json("/v1/chat/completions", &chat("hi")).status, 200);
 }
+
+/// A client that leaves mid-request frees the engine within one chunk of
+/// its state: its job stops (`decisio_abandoned_jobs_total`, the request
+/// counted 499), and the state read so far is kept, so that the client's
+/// retry reads on from it; what it answers is, bit for bit, what a second
+/// server reading the state from its start answers.
+#[test]
+fn a_client_that_leaves_stops_its_work_and_its_retry_reads_on() {
+    let flags = ["--prefill-chunk", "128"];
+    let s = Server::start(&flags);
+    // About 2,900 tokens: many chunks of 128.
+    let state =
+        "The parcel left the depot on Monday and reached the customer on Friday. ".repeat(190);
+    let body = json!({"state": state, "questions": [
+        {"text": "When did the parcel arrive?", "options": ["Monday", "Friday", "Sunday"]}]});
+    s.post_and_leave("/v1/decide", &body, || {
+        std::thread::sleep(Duration::from_millis(1500))
+    });
+    let left = std::time::Instant::now();
+    wait_until("the job stops", || {
+        s.metric("decisio_abandoned_jobs_total", "") == 1.0
+    });
+    let stopped = left.elapsed();
+    assert!(
+        stopped < Duration::from_secs(10),
+        "stopped {stopped:?} after the client left"
+    );
+    wait_until("the queue drains", || queue_depth(&s) == 0);
+    assert_eq!(
+        s.metric("decisio_http_requests_total", "status=\"499\""),
+        1.0
+    );
+    // The retry reads on from the chunks read before the client left.
+    let retried = s.post_json("/v1/decide", &body);
+    assert_eq!(retried.status, 200, "{}", retried.text());
+    let kept = s.metric("decisio_resumed_state_tokens_total", "");
+    assert!(
+        kept > 0.0 && kept % 128.0 == 0.0,
+        "{kept} tokens read on from"
+    );
+    let fresh = Server::start(&flags).post_json("/v1/decide", &body);
+    assert_eq!(fresh.status, 200, "{}", fresh.text());
+    assert_eq!(
+        retried.json()["answers"][0]["probabilities"],
+        fresh.json()["answers"][0]["probabilities"]
+    );
+    eprintln!("stopped {stopped:?} after the client left; {kept} state tokens kept");
+}

@@ -31,14 +31,6 @@ fn gateway(upstreams: &[&Server], extra: &[&str]) -> Server {
     Server::start(&args)
 }
 
-fn metric(s: &Server, name: &str, labels: &str) -> f64 {
-    let text = s.request("GET", "/metrics", &[], None).unwrap().text();
-    text.lines()
-        .filter(|l| l.starts_with(name) && l.contains(labels))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 /// The largest difference between two answers' probabilities; the letters
 /// must be equal.
 fn compare(a: &Value, b: &Value) -> f64 {
@@ -114,7 +106,7 @@ fn parity_with_the_mlx_backend_over_mmlu_questions() {
     let reference = reference();
     let started = Instant::now();
     let want = parity_questions();
-    let ok = |s: &Server| metric(s, "decisio_upstream_requests_total", "outcome=\"ok\"");
+    let ok = |s: &Server| s.metric("decisio_upstream_requests_total", "outcome=\"ok\"");
     let before = ok(&vllm);
     let (mut count, mut worst, mut states) = (0, 0.0f64, 0.0);
     for (i, st) in reference["states"].as_array().unwrap().iter().enumerate() {
@@ -272,14 +264,9 @@ fn packed_questions_are_read_at_their_positions_of_one_generation() {
         &["--pad-policy", "none", "--upstream-timeout", "600"],
     );
     let reference = reference();
-    let completions = |s: &Server| {
-        metric(
-            s,
-            "decisio_http_requests_total",
-            "route=\"/v1/completions\"",
-        )
-    };
-    let fallbacks = |s: &Server| metric(s, "decisio_packed_answers_total", "read=\"fallback\"");
+    let completions =
+        |s: &Server| s.metric("decisio_http_requests_total", "route=\"/v1/completions\"");
+    let fallbacks = |s: &Server| s.metric("decisio_packed_answers_total", "read=\"fallback\"");
     let letters: Vec<u32> = ["A", "B", "C", "D"]
         .iter()
         .map(|l| token_ids(&mlx, &format!(" {l}"))[0])
@@ -441,7 +428,7 @@ fn letters_outside_the_top_k_are_read_by_echo() {
     assert!(d <= PARITY_TOLERANCE, "difference {d}");
     // One top-k completion and at least two echoes (plus the probe's calls).
     assert!(
-        metric(&vllm, "decisio_upstream_requests_total", "outcome=\"ok\"") >= 4.0,
+        vllm.metric("decisio_upstream_requests_total", "outcome=\"ok\"") >= 4.0,
         "{}",
         vllm.request("GET", "/metrics", &[], None).unwrap().text()
     );
@@ -582,11 +569,7 @@ fn upstream_faults_are_openai_errors() {
     };
     assert_error(&r, 503, "ejected");
     assert_eq!(
-        metric(
-            &vllm,
-            "decisio_upstream_ejected",
-            &format!("{}\"", mlx.url())
-        ),
+        vllm.metric("decisio_upstream_ejected", &format!("{}\"", mlx.url())),
         1.0
     );
     // Its /health says so, for a load balancer in front of the gateway.
@@ -622,8 +605,7 @@ fn killing_one_of_three_upstreams_mid_run_loses_no_request() {
     let expected: Vec<Value> = bodies.iter().map(|body| decide(&a, body)).collect();
     let b_url = b.url();
     let b_ok = |s: &Server| {
-        metric(
-            s,
+        s.metric(
             "decisio_upstream_requests_total",
             &format!("outcome=\"ok\",upstream=\"{b_url}\""),
         )
@@ -671,7 +653,7 @@ fn killing_one_of_three_upstreams_mid_run_loses_no_request() {
     let b2 = Server::spawn_on(port, &[]);
     b2.wait_ready(Duration::from_secs(120));
     let deadline = Instant::now() + Duration::from_secs(30);
-    while metric(vllm, "decisio_upstream_ejected", &format!("{b_url}\"")) != 0.0 {
+    while vllm.metric("decisio_upstream_ejected", &format!("{b_url}\"")) != 0.0 {
         assert!(Instant::now() < deadline, "b was never admitted again");
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -685,7 +667,7 @@ fn killing_one_of_three_upstreams_mid_run_loses_no_request() {
     let sent = 4 * bodies.len();
     assert_eq!(answered, sent);
     assert_eq!(
-        metric(vllm, "decisio_http_requests_total", "route=\"/v1/decide\"") as usize,
+        vllm.metric("decisio_http_requests_total", "route=\"/v1/decide\"") as usize,
         sent
     );
 }
@@ -860,8 +842,7 @@ fn intent_heads_through_a_head_upstream_match_the_mlx_backend_bit_for_bit() {
         head.post_json("/v1/embeddings", &e).json()["data"]
     );
     assert!(
-        metric(
-            &vllm,
+        vllm.metric(
             "decisio_upstream_requests_total",
             &format!("outcome=\"ok\",upstream=\"{}\"", head.url())
         ) >= (2 * fit.len()) as f64

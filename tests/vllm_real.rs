@@ -309,15 +309,6 @@ fn decisions_and_the_wire_agree_with_the_mlx_backend() {
     }
 }
 
-/// The sum of a metric's samples whose labels contain `labels`.
-fn metric(s: &Server, name: &str, labels: &str) -> f64 {
-    let text = s.request("GET", "/metrics", &[], None).unwrap().text();
-    text.lines()
-        .filter(|l| l.starts_with(name) && l.contains(labels))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 #[test]
 fn a_replica_killed_mid_run_loses_no_request_and_is_admitted_again() {
     let _one = one_at_a_time();
@@ -333,7 +324,7 @@ fn a_replica_killed_mid_run_loses_no_request_and_is_admitted_again() {
     // The gateway serves once one upstream passed its probe; the other
     // joins when its own passes.
     let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    while metric(&gw, "decisio_upstream_ejected", "") != 0.0 {
+    while gw.metric("decisio_upstream_ejected", "") != 0.0 {
         assert!(std::time::Instant::now() < deadline, "both never admitted");
         std::thread::sleep(Duration::from_millis(200));
     }
@@ -349,7 +340,7 @@ fn a_replica_killed_mid_run_loses_no_request_and_is_admitted_again() {
                           "logprob_token_ids": ids});
         assert_eq!(gw.post_json("/v1/completions", &many).status, 400);
     }
-    assert_eq!(metric(&gw, "decisio_upstream_ejected", ""), 0.0);
+    assert_eq!(gw.metric("decisio_upstream_ejected", ""), 0.0);
 
     // Decisions on many states (spread over both replicas by their hash),
     // from two clients; one replica is killed in the middle.
@@ -383,7 +374,7 @@ fn a_replica_killed_mid_run_loses_no_request_and_is_admitted_again() {
     );
     // The killed replica is ejected by its failed health checks...
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while metric(&gw, "decisio_upstream_ejected", &doomed_label) != 1.0 {
+    while gw.metric("decisio_upstream_ejected", &doomed_label) != 1.0 {
         assert!(std::time::Instant::now() < deadline, "never ejected");
         std::thread::sleep(Duration::from_millis(200));
     }
@@ -391,11 +382,11 @@ fn a_replica_killed_mid_run_loses_no_request_and_is_admitted_again() {
     let back = RealVllm::spawn(port, Some(32));
     back.wait_healthy(vllm::START_LIMIT);
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while metric(&gw, "decisio_upstream_ejected", &doomed_label) != 0.0 {
+    while gw.metric("decisio_upstream_ejected", &doomed_label) != 0.0 {
         assert!(std::time::Instant::now() < deadline, "never admitted again");
         std::thread::sleep(Duration::from_millis(200));
     }
-    let served = metric(&gw, "decisio_upstream_requests_total", &doomed_label);
+    let served = gw.metric("decisio_upstream_requests_total", &doomed_label);
     for i in 0..20 {
         ok(gw.post_json(
             "/v1/decide",
@@ -403,7 +394,7 @@ fn a_replica_killed_mid_run_loses_no_request_and_is_admitted_again() {
         ));
     }
     assert!(
-        metric(&gw, "decisio_upstream_requests_total", &doomed_label) > served,
+        gw.metric("decisio_upstream_requests_total", &doomed_label) > served,
         "the replica admitted again took no request"
     );
     eprintln!(
@@ -570,7 +561,7 @@ fn a_certified_task_with_sets_and_an_abstention_task_register_through_a_real_vll
 
 /// The gateway's count of upstream requests answered.
 fn upstream_requests(s: &Server) -> f64 {
-    metric(s, "decisio_upstream_requests_total", "outcome=\"ok\"")
+    s.metric("decisio_upstream_requests_total", "outcome=\"ok\"")
 }
 
 #[test]
@@ -629,4 +620,112 @@ fn a_decision_s_questions_are_one_list_request_to_a_real_vllm() {
         "10 questions through a real vLLM: one list request {list_s:.2} s on a new state, \
          {again_s:.2} s on a cached one; one completion after another {sequential_s:.2} s"
     );
+}
+
+/// The sum of the samples of the real vLLM's `/metrics` whose line starts
+/// with `name` and contains `labels`.
+fn upstream_metric(v: &RealVllm, name: &str, labels: &str) -> f64 {
+    let text = common::http_get(v.port, "/metrics").unwrap().text();
+    text.lines()
+        .filter(|l| l.starts_with(name) && l.contains(labels))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[test]
+fn a_client_that_leaves_cancels_its_upstream_requests() {
+    // A decision of 64 new questions on a new state of about 1,500 tokens,
+    // whose client leaves once the gateway's calls are in flight: the gateway drops its job
+    // (counted; the request 499), its calls end `cancelled`, and vLLM
+    // aborts them: it goes idle (once its step in progress ends) having
+    // finished fewer requests than the decision sends (a state-only
+    // request, then one per question).
+    let _one = one_at_a_time();
+    let v = vllm::shared(32);
+    let gw = gateway(v, &["--health-interval", "3600"]);
+    let finished = || upstream_metric(v, "vllm:request_success_total", "");
+    let busy = || {
+        upstream_metric(v, "vllm:num_requests_running", "")
+            + upstream_metric(v, "vllm:num_requests_waiting", "")
+    };
+    let before = finished();
+    let questions: Vec<Value> = (0..64)
+        .map(|i| {
+            json!({"text": format!("When did parcel {i} arrive?"),
+                        "options": ["Monday", "Friday", "Sunday"]})
+        })
+        .collect();
+    let body = json!({"state": format!("Leaving. {}", state_of(1500)), "questions": questions});
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    gw.post_and_leave("/v1/decide", &body, || {
+        while gw.metric("decisio_upstream_in_flight", "") == 0.0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "vLLM never got the decision"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    });
+    let left = std::time::Instant::now();
+    while gw.metric("decisio_abandoned_jobs_total", "") != 1.0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the job never stopped"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let stopped = left.elapsed();
+    while busy() != 0.0 {
+        assert!(std::time::Instant::now() < deadline, "vLLM still runs them");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let idle = left.elapsed();
+    let done = finished() - before;
+    let cancelled = gw.metric("decisio_upstream_requests_total", "outcome=\"cancelled\"");
+    eprintln!(
+        "left: the job stopped after {stopped:?}, vLLM idle after {idle:?}; {cancelled} calls \
+         cancelled; vLLM finished {done} of the decision's 65 requests"
+    );
+    assert_eq!(
+        gw.metric("decisio_http_requests_total", "status=\"499\""),
+        1.0
+    );
+    assert!(cancelled >= 1.0, "{cancelled} calls cancelled");
+    assert_eq!(gw.metric("decisio_upstream_in_flight", ""), 0.0);
+    assert!(
+        done < 65.0,
+        "vLLM finished {done} requests: none was aborted"
+    );
+
+    // A generation of 1,500 tokens whose client leaves half a second
+    // after its call went to vLLM stops there at once, far from its end.
+    let generated = || upstream_metric(v, "vllm:generation_tokens_total", "");
+    let before = generated();
+    let body = json!({"model": "smollm2", "prompt": "Tell me a long story.", "max_tokens": 1500,
+                      "temperature": 0, "ignore_eos": true});
+    gw.post_and_leave("/v1/completions", &body, || {
+        while gw.metric("decisio_upstream_in_flight", "") == 0.0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "vLLM never got the generation"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    });
+    let left = std::time::Instant::now();
+    while busy() != 0.0 {
+        assert!(std::time::Instant::now() < deadline, "vLLM still generates");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let idle = left.elapsed();
+    // Still idle a second later: aborted, not between two of its steps.
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(busy(), 0.0, "vLLM generates again");
+    let tokens = generated() - before;
+    eprintln!("left a generation: vLLM idle after {idle:?}, {tokens} of 1,500 tokens generated");
+    assert!(tokens < 1500.0, "the generation ran to its end");
+    assert_eq!(gw.metric("decisio_abandoned_jobs_total", ""), 2.0);
+    // The gateway serves on.
+    ok(gw.post_json("/v1/decide", &decide_body("A short state.")));
 }

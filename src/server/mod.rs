@@ -43,6 +43,7 @@ mod fields;
 mod messages;
 mod observe;
 pub mod openapi;
+mod peer;
 mod sampling;
 mod service;
 mod stream;
@@ -316,6 +317,7 @@ pub async fn serve(state: AppState, host: &str, port: u16) -> std::io::Result<()
             .configure(configure)
             .default_service(web::to(service::not_found))
     })
+    .on_connect(peer::on_connect)
     .bind((host, port))?;
     for addr in server.addrs() {
         tracing::info!("listening on http://{addr}");

@@ -2,9 +2,10 @@
 //! pattern, method and status, and timed; a request a client marks as a
 //! retry, `X-TypeSafe-Retry-Count`, counted by its retry number; paths that
 //! match no route share the label `unmatched`, so the label set stays
-//! bounded whatever clients send), and a handler's panic caught: answered
+//! bounded whatever clients send), a handler's panic caught: answered
 //! 500 once in the route's shape, logged, and counted, the server serving
-//! on.
+//! on; and a handler whose client left dropped, with its work (`peer.rs`),
+//! counted with status 499.
 
 use std::panic::AssertUnwindSafe;
 use std::time::Instant;
@@ -61,9 +62,17 @@ pub async fn record(
         .match_pattern()
         .filter(|p| super::ROUTES.iter().any(|(_, r)| r == p))
         .unwrap_or_else(|| "unmatched".to_string());
-    let res = match AssertUnwindSafe(next.call(req)).catch_unwind().await {
-        Ok(res) => res,
-        Err(panic) => Err(panicked(&*panic, &route)),
+    // A client that leaves drops its handler, and with it its engine job
+    // (`peer.rs`); its request is counted 499, as nginx logs one.
+    let peer = req.conn_data::<super::peer::Peer>().cloned();
+    let handled = AssertUnwindSafe(next.call(req)).catch_unwind();
+    let res = tokio::select! {
+        biased;
+        handled = handled => match handled {
+            Ok(res) => res,
+            Err(panic) => Err(panicked(&*panic, &route)),
+        },
+        () = super::peer::left(peer) => Err(client_left(&route)),
     };
     if let Some(state) = state {
         let status = match &res {
@@ -83,6 +92,16 @@ pub async fn record(
         }
     }
     res
+}
+
+/// The status of a request whose client left before its answer (nginx's
+/// "client closed request"); nobody reads it but the logs and metrics.
+const CLIENT_LEFT: u16 = 499;
+
+fn client_left(route: &str) -> Error {
+    tracing::debug!("a client of {route} left before its answer; its work was dropped");
+    let status = actix_web::http::StatusCode::from_u16(CLIENT_LEFT).expect("a valid status");
+    actix_web::error::InternalError::new("the client closed the connection", status).into()
 }
 
 /// The answer to a request whose handler panicked: a 500 in its route's

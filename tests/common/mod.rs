@@ -241,6 +241,33 @@ impl Server {
             .expect("request")
     }
 
+    /// The sum of the samples of `/metrics` whose line starts with `name`
+    /// and contains `labels` (0 where none does).
+    pub fn metric(&self, name: &str, labels: &str) -> f64 {
+        let text = self.request("GET", "/metrics", &[], None).unwrap().text();
+        text.lines()
+            .filter(|l| l.starts_with(name) && l.contains(labels))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
+    /// Sends `body` to `path` as a client that gives up: it closes the
+    /// connection once `until` returns, reading nothing.
+    pub fn post_and_leave(&self, path: &str, body: &serde_json::Value, until: impl FnOnce()) {
+        use std::io::Write;
+        let body = body.to_string();
+        let mut socket = std::net::TcpStream::connect(("127.0.0.1", self.port)).expect("connect");
+        write!(
+            socket,
+            "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .expect("send");
+        until();
+        let _ = socket.shutdown(std::net::Shutdown::Both);
+    }
+
     /// As [`Server::post_json`], waiting up to `wait` for the answer: for
     /// a route that answers once work is done (a registration in the
     /// reference's form, a certification), whose time grows with the

@@ -272,7 +272,9 @@ fn engine_thread(
                 1
             }
             Work::Whole(Job::Embed { inputs, reply }) => {
-                if !reply.is_closed() {
+                if reply.is_closed() {
+                    options.metrics.abandoned_jobs.inc();
+                } else {
                     let kept = Kept {
                         cache: &prefix_cache,
                         index: &mut prompts,
@@ -451,7 +453,14 @@ fn generate(
     events: &mpsc::Sender<Result<GenerateEvent, EngineError>>,
 ) -> MlxResult<()> {
     fault::hook();
-    let send = |e: GenerateEvent| events.blocking_send(Ok(e)).is_ok();
+    // An event no client takes: the generation stops, its client gone.
+    let send = |e: GenerateEvent| {
+        let taken = events.blocking_send(Ok(e)).is_ok();
+        if !taken {
+            options.metrics.abandoned_jobs.inc();
+        }
+        taken
+    };
     let (mut hidden, mut cache) = if let Some(k) = request.prompt_logprobs {
         let mut cache = model.new_cache();
         let (last, lps) = prompt_logprobs(model, &request.prompt, &mut cache, k, options)?;
@@ -468,6 +477,7 @@ fn generate(
         .map_or_else(Rng::from_entropy, Rng::new);
     for step in 0..request.max_tokens {
         if events.is_closed() {
+            options.metrics.abandoned_jobs.inc();
             return Ok(());
         }
         let row = host_row(&model.log_softmax(&hidden)?)?;

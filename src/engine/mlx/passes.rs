@@ -17,7 +17,7 @@ use super::error::{MlxError, MlxResult};
 use super::kept::{answer_key, PromptIndex, Snapshot};
 use super::model::MlxModel;
 use super::options::MlxOptions;
-use crate::engine::prefix_cache::PrefixCache;
+use crate::engine::prefix_cache::{PrefixCache, StateHash};
 use crate::engine::{EngineError, QuestionScore, ScoreRequest, ScoreResult};
 
 /// Where a scoring job's answer goes.
@@ -111,6 +111,14 @@ impl Scoring {
     /// abandoned by every client), `None` while work remains.
     pub fn step(&mut self, e: &mut Engine<'_>) -> Option<usize> {
         if self.jobs.iter().all(|(_, reply, _)| reply.is_closed()) {
+            // Every client left: the work stops here, within one chunk
+            // or pass; a state read whole stays in the prefix cache, and
+            // one read in part is kept for the next request on it.
+            e.options
+                .metrics
+                .abandoned_jobs
+                .inc_by(self.jobs.len() as u64);
+            self.keep_partial(e);
             return Some(self.jobs.len());
         }
         super::fault::hook();
@@ -165,6 +173,11 @@ impl Scoring {
                         return Err(MlxError::Config("an empty prompt has no next token".into()));
                     }
                     *started = Some(Instant::now());
+                    if let Some((len, kept)) = partial_of(e, request) {
+                        e.options.metrics.resumed_state_tokens.inc_by(len as u64);
+                        *cache = Some(kept);
+                        *read = len;
+                    }
                 }
                 // One chunk, as `MlxModel::prefill` reads it.
                 let c = cache.get_or_insert_with(|| e.model.new_cache());
@@ -205,6 +218,24 @@ impl Scoring {
         }
     }
 
+    /// Keeps a state read in part, its clients gone, in the prefix cache
+    /// as the tokens read so far, so that the next request on the state (a
+    /// client's retry) reads on from there ([`partial_of`]).
+    fn keep_partial(&mut self, e: &mut Engine<'_>) {
+        let request = &self.request;
+        let Stage::State { cache, read, .. } = &mut self.stage else {
+            return;
+        };
+        let (Some(c), true) = (cache.take(), request.cache && *read > 0) else {
+            return;
+        };
+        let ids = &request.prefix[..*read];
+        let key = partial_key(ids);
+        if e.prefix_cache.insert(key, Arc::new(Snapshot::new(c, 0))) {
+            e.prompts.record(ids, key);
+        }
+    }
+
     fn done(&self) -> bool {
         matches!(&self.stage, Stage::Questions(q) if q.passes.is_empty())
     }
@@ -229,6 +260,28 @@ impl Scoring {
         }
         n
     }
+}
+
+/// The key of a state's first tokens, kept when its clients left while it
+/// was read.
+fn partial_key(ids: &[u32]) -> StateHash {
+    StateHash::new("", "", "partial-state", ids)
+}
+
+/// The longest part of `request`'s state kept by [`Scoring::keep_partial`],
+/// and a copy of its cache to read on from. Kept parts end on a chunk's
+/// end, so the state is read in the same chunks as from its start, and its
+/// answers are the same bits.
+fn partial_of(e: &Engine<'_>, request: &ScoreRequest) -> Option<(usize, ModelCache)> {
+    if !request.cache {
+        return None;
+    }
+    let chunk = e.options.prefill_chunk.max(1);
+    e.prompts
+        .prefixes_of(&request.prefix)
+        .into_iter()
+        .filter(|&(len, key)| len % chunk == 0 && key == partial_key(&request.prefix[..len]))
+        .find_map(|(len, key)| Some((len, e.prefix_cache.peek(&key)?.cache.clone())))
 }
 
 impl Questions {

@@ -544,7 +544,8 @@ impl Engine for VllmEngine {
         let inner = self.inner.clone();
         self.handle()?.spawn(async move {
             let _guard = guard;
-            if let Err(e) = generate::generate(&inner, &request, &events).await {
+            let work = generate::generate(&inner, &request, &events);
+            if let Some(Err(e)) = unless_left(&inner, work, events.closed()).await {
                 let _ = events.send(Err(e)).await;
             }
         });
@@ -557,7 +558,11 @@ impl Engine for VllmEngine {
         let inner = self.inner.clone();
         self.handle()?.spawn(async move {
             let _guard = guard;
-            let _ = reply.send(score(&inner, &request).await);
+            let mut reply = reply;
+            let scored = unless_left(&inner, score(&inner, &request), reply.closed()).await;
+            if let Some(scored) = scored {
+                let _ = reply.send(scored);
+            }
         });
         Ok(rx)
     }
@@ -586,13 +591,13 @@ impl Engine for VllmEngine {
                     head::hidden(&inner, &key, &ids).await
                 }
             });
-            let result: Result<Vec<Vec<f32>>, EngineError> = futures::stream::iter(all)
+            let work = futures::stream::iter(all)
                 .buffered(fan_out)
-                .collect::<Vec<_>>()
-                .await
-                .into_iter()
-                .collect();
-            let _ = reply.send(result);
+                .collect::<Vec<_>>();
+            let mut reply = reply;
+            if let Some(all) = unless_left(&inner, work, reply.closed()).await {
+                let _ = reply.send(all.into_iter().collect());
+            }
         });
         Ok(rx)
     }
@@ -628,9 +633,34 @@ impl Engine for VllmEngine {
         let inner = self.inner.clone();
         self.handle()?.spawn(async move {
             let _guard = guard;
-            let _ = reply.send(generate::chat_passthrough(&inner, body).await);
+            let mut reply = reply;
+            let work = generate::chat_passthrough(&inner, body);
+            if let Some(answer) = unless_left(&inner, work, reply.closed()).await {
+                let _ = reply.send(answer);
+            }
         });
         Ok(rx)
+    }
+}
+
+/// A job's work, run until it ends or its client leaves (`left` resolves
+/// when the client's end of the job's channel is dropped, as the HTTP layer
+/// drops it when the connection closes). A job left is dropped at once:
+/// its upstream connections close, and vLLM aborts each request whose
+/// connection closed, so nobody's work is left running upstream. `None`
+/// when the client left first.
+async fn unless_left<T>(
+    inner: &Inner,
+    work: impl std::future::Future<Output = T>,
+    left: impl std::future::Future<Output = ()>,
+) -> Option<T> {
+    tokio::select! {
+        biased;
+        done = work => Some(done),
+        () = left => {
+            inner.options.metrics.abandoned_jobs.inc();
+            None
+        }
     }
 }
 

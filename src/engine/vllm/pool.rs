@@ -102,6 +102,41 @@ impl UpstreamError {
     }
 }
 
+/// One call to an upstream as its metrics see it: in flight from its
+/// start; timed and counted by outcome at its end. A call dropped before
+/// its answer (its client left, and the job with it) ends `cancelled`.
+struct Counted<'a> {
+    metrics: &'a Metrics,
+    url: &'a str,
+    started: Instant,
+    outcome: &'static str,
+}
+
+impl<'a> Counted<'a> {
+    fn start(metrics: &'a Metrics, url: &'a str) -> Self {
+        metrics.upstream_in_flight.with_label_values(&[url]).inc();
+        Counted {
+            metrics,
+            url,
+            started: Instant::now(),
+            outcome: "cancelled",
+        }
+    }
+}
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        let m = self.metrics;
+        m.upstream_in_flight.with_label_values(&[self.url]).dec();
+        m.upstream_seconds
+            .with_label_values(&[self.url])
+            .observe(self.started.elapsed().as_secs_f64());
+        m.upstream_requests
+            .with_label_values(&[self.url, self.outcome])
+            .inc();
+    }
+}
+
 impl From<UpstreamError> for EngineError {
     fn from(e: UpstreamError) -> Self {
         match &e {
@@ -379,23 +414,12 @@ impl<P: Clone> Pool<P> {
         timeout: Duration,
     ) -> Result<Vec<u8>, UpstreamError> {
         let url = format!("{}{path}", u.url);
-        let in_flight = self.metrics.upstream_in_flight.with_label_values(&[&u.url]);
-        in_flight.inc();
-        let started = Instant::now();
+        let mut call = Counted::start(&self.metrics, &u.url);
         let result = self.send(&url, &u.url, body, timeout).await;
-        in_flight.dec();
-        self.metrics
-            .upstream_seconds
-            .with_label_values(&[&u.url])
-            .observe(started.elapsed().as_secs_f64());
-        let outcome = match &result {
+        call.outcome = match &result {
             Ok(_) => "ok",
             Err(e) => e.outcome(),
         };
-        self.metrics
-            .upstream_requests
-            .with_label_values(&[&u.url, outcome])
-            .inc();
         result
     }
 
