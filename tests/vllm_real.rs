@@ -729,3 +729,72 @@ fn a_client_that_leaves_cancels_its_upstream_requests() {
     // The gateway serves on.
     ok(gw.post_json("/v1/decide", &decide_body("A short state.")));
 }
+
+#[test]
+fn requests_that_time_out_by_their_own_size_eject_no_healthy_upstream() {
+    // Two decisions too large for a 1-second timeout, each of 32 new
+    // questions on its own new state of about 1,500 tokens: each client
+    // gets 504, and the upstream, which answered its health checks
+    // meanwhile, is neither charged nor ejected (two failures of distinct
+    // requests would eject it, `--eject-after 2`); the next request is
+    // served.
+    let _one = one_at_a_time();
+    let v = vllm::shared(32);
+    let gw = gateway(
+        v,
+        &[
+            "--upstream-timeout",
+            "1",
+            "--health-interval",
+            "0.2",
+            "--eject-after",
+            "2",
+            "--upstream-retries",
+            "0",
+            // An ejection would last the test.
+            "--readmit-after",
+            "1000",
+        ],
+    );
+    // vLLM's first decisions are slower than the next (its kernels warm
+    // up): small ones first, until one is answered within the second.
+    let warm = (0..5).any(|i| {
+        let r = gw.post_json("/v1/decide", &decide_body(&format!("Warming up {i}.")));
+        r.status == 200
+    });
+    assert!(warm, "no small decision answered within 1 s");
+    std::thread::scope(|scope| {
+        let heavy: Vec<_> = (0..2)
+            .map(|n| {
+                let gw = &gw;
+                scope.spawn(move || {
+                    let questions: Vec<Value> = (0..32)
+                        .map(|i| {
+                            json!({"text": format!("When did parcel {i} arrive?"),
+                                        "options": ["Monday", "Friday", "Sunday"]})
+                        })
+                        .collect();
+                    let state = format!("Heavy {n}. {}", state_of(1500));
+                    gw.post_json(
+                        "/v1/decide",
+                        &json!({"state": state, "questions": questions}),
+                    )
+                })
+            })
+            .collect();
+        for r in heavy {
+            let r = r.join().unwrap();
+            assert_openai_error(&r, 504, "did not answer within 1 s");
+        }
+    });
+    assert_eq!(gw.metric("decisio_upstream_ejected", ""), 0.0);
+    assert!(gw.metric("decisio_upstream_requests_total", "outcome=\"timeout\"") >= 2.0);
+    // The upstream serves on: once vLLM has finished with the calls timed
+    // out, a small decision is answered within the second again.
+    let served = (0..5).any(|i| {
+        let r = gw.post_json("/v1/decide", &decide_body(&format!("After {i}.")));
+        r.status == 200
+    });
+    assert!(served, "no small decision answered after the heavy ones");
+    assert_eq!(gw.metric("decisio_upstream_ejected", ""), 0.0);
+}

@@ -7,8 +7,8 @@
 //! key and its URL; the request goes to the heaviest, so every question on
 //! one state reaches the replica that holds its prefix, and only the states
 //! of a replica that leaves move. A failure that is the replica's (no
-//! connection, no answer in time, 502/503/504, vLLM's dead-engine 500) is
-//! counted against it and the call is repeated on the next upstream in
+//! connection, no answer in time while it answered nothing else,
+//! 502/503/504, vLLM's dead-engine 500) is counted against it and the call is repeated on the next upstream in
 //! weight order, at most `retries` times, after a backoff that doubles; a
 //! failure that is the request's own ([`Fault::Request`]) is answered to
 //! its client and counted against no one. A replica is ejected after
@@ -60,7 +60,9 @@ pub enum Fault {
     Replica,
     /// Busy (429): retried on the next replica, not counted.
     Busy,
-    /// The request's own: a 4xx, an unexpected body, or a 500 that is not
+    /// The request's own: a 4xx, an unexpected body, a timeout on a
+    /// replica that answered other calls meanwhile (`Pool::fault_of`),
+    /// or a 500 that is not
     /// a dead engine (vLLM answers 500 for an exception raised while it
     /// processed that one request; a replica that is broken for every
     /// request fails its `/health`, which answers 503 on a dead engine).
@@ -173,6 +175,9 @@ pub struct Upstream<P> {
     ejected: AtomicBool,
     failures: Mutex<Failures>,
     successes: AtomicU32,
+    /// When it last answered a call (any HTTP answer, health checks
+    /// included), in milliseconds of the pool's clock.
+    answered_at: AtomicU64,
 }
 
 impl<P: Clone> Upstream<P> {
@@ -200,6 +205,8 @@ pub struct Pool<P> {
     metrics: Arc<Metrics>,
     /// Numbers failed health checks, so each counts as a distinct failure.
     checks: AtomicU64,
+    /// The clock of [`Upstream::answered_at`].
+    epoch: Instant,
 }
 
 /// The rendezvous weight of an upstream for a key.
@@ -235,6 +242,7 @@ impl<P: Clone> Pool<P> {
                     ejected: AtomicBool::new(true),
                     failures: Mutex::new(Failures::default()),
                     successes: AtomicU32::new(0),
+                    answered_at: AtomicU64::new(0),
                 })
             })
             .collect();
@@ -245,6 +253,7 @@ impl<P: Clone> Pool<P> {
             limits,
             metrics,
             checks: AtomicU64::new(0),
+            epoch: Instant::now(),
         })
     }
 
@@ -302,6 +311,26 @@ impl<P: Clone> Pool<P> {
         };
         if n >= self.limits.eject_after as usize {
             self.set_ejected(u, true);
+        }
+    }
+
+    /// Milliseconds of the pool's clock, from 1.
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64 + 1
+    }
+
+    /// Whose fault a call begun at `started` ([`Pool::now_ms`]) is: as
+    /// [`UpstreamError::fault`] says, but a timeout is the replica's only
+    /// if it answered nothing since the call began. One that answered other
+    /// calls meanwhile (its health checks at least) is alive: the request
+    /// took too long there by its own size, would take as long elsewhere,
+    /// and its client gets the timeout.
+    fn fault_of(&self, u: &Upstream<P>, e: &UpstreamError, started: u64) -> Fault {
+        match e {
+            UpstreamError::Timeout { .. } if u.answered_at.load(Ordering::Relaxed) > started => {
+                Fault::Request
+            }
+            _ => e.fault(),
         }
     }
 
@@ -416,6 +445,9 @@ impl<P: Clone> Pool<P> {
         let url = format!("{}{path}", u.url);
         let mut call = Counted::start(&self.metrics, &u.url);
         let result = self.send(&url, &u.url, body, timeout).await;
+        if let Ok(_) | Err(UpstreamError::Status { .. } | UpstreamError::Invalid { .. }) = &result {
+            u.answered_at.store(self.now_ms(), Ordering::Relaxed);
+        }
         call.outcome = match &result {
             Ok(_) => "ok",
             Err(e) => e.outcome(),
@@ -529,12 +561,13 @@ impl<P: Clone> Pool<P> {
             }
             let Some(probed) = u.probed() else { continue };
             let body = make(&probed);
+            let started = self.now_ms();
             match self.call(u, path, Some(&body), timeout).await {
                 Ok(v) => {
                     self.clear_failures(u);
                     return Ok((probed, v));
                 }
-                Err(e) => match e.fault() {
+                Err(e) => match self.fault_of(u, &e, started) {
                     Fault::Request => return Err(e),
                     fault => {
                         tracing::warn!("{e}; {} attempts left", attempts.saturating_sub(i + 1));
@@ -551,126 +584,5 @@ impl<P: Clone> Pool<P> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn pool(urls: &[&str]) -> Pool<String> {
-        let urls: Vec<String> = urls.iter().map(|s| s.to_string()).collect();
-        let p = Pool::new(
-            &urls,
-            None,
-            UpstreamLimits::default(),
-            Arc::new(Metrics::new()),
-        )
-        .unwrap();
-        for u in &p.upstreams {
-            u.set_probed("m".into());
-            p.admit(u);
-        }
-        p
-    }
-
-    #[test]
-    fn rendezvous_moves_only_the_keys_of_a_replica_that_leaves() {
-        let p = pool(&["http://a:1", "http://b:1", "http://c:1"]);
-        let keys: Vec<[u8; 8]> = (0u64..3000).map(|i| i.to_le_bytes()).collect();
-        let first = |p: &Pool<String>, k: &[u8]| p.order(k)[0].url.clone();
-        let before: Vec<String> = keys.iter().map(|k| first(&p, k)).collect();
-        // Spread over all three, roughly evenly.
-        for url in ["http://a:1", "http://b:1", "http://c:1"] {
-            let n = before.iter().filter(|u| *u == url).count();
-            assert!((800..1200).contains(&n), "{url}: {n}");
-        }
-        // Eject b: only b's keys move; a's and c's stay.
-        p.set_ejected(&p.upstreams[1], true);
-        for (k, was) in keys.iter().zip(&before) {
-            let now = first(&p, k);
-            if was != "http://b:1" {
-                assert_eq!(&now, was);
-            } else {
-                assert_ne!(now, "http://b:1");
-            }
-        }
-        // Admit it again: every key is back where it was.
-        p.admit(&p.upstreams[1]);
-        let again: Vec<String> = keys.iter().map(|k| first(&p, k)).collect();
-        assert_eq!(again, before);
-    }
-
-    #[test]
-    fn ejection_needs_distinct_failures_and_readmission_passed_checks() {
-        let limits = UpstreamLimits {
-            eject_after: 2,
-            ..UpstreamLimits::default()
-        };
-        let p: Pool<String> = Pool::new(
-            &["http://a:1".to_string()],
-            None,
-            limits,
-            Arc::new(Metrics::new()),
-        )
-        .unwrap();
-        let u = &p.upstreams[0];
-        u.set_probed("m".into());
-        p.admit(u);
-        // One request failing again and again is one failure.
-        for _ in 0..5 {
-            p.failed(u, Some(b"request one"));
-        }
-        assert!(!u.is_ejected());
-        // A second request's failure makes two.
-        p.failed(u, Some(b"request two"));
-        assert!(u.is_ejected());
-        p.passed(u);
-        assert!(u.is_ejected(), "readmit_after is 2");
-        p.passed(u);
-        assert!(!u.is_ejected());
-        assert!(p.order(b"k").len() == 1);
-        // Failed health checks are distinct failures each.
-        p.failed(u, None);
-        assert!(!u.is_ejected());
-        p.failed(u, None);
-        assert!(u.is_ejected());
-    }
-
-    #[test]
-    fn only_the_replicas_faults_are_retried_and_counted() {
-        let status = |s, m: &str| UpstreamError::Status {
-            url: "u".into(),
-            status: s,
-            message: m.into(),
-        };
-        assert_eq!(status(502, "").fault(), Fault::Replica);
-        assert_eq!(status(503, "").fault(), Fault::Replica);
-        assert_eq!(status(504, "").fault(), Fault::Replica);
-        assert_eq!(status(500, ENGINE_DEAD_MESSAGE).fault(), Fault::Replica);
-        assert_eq!(status(429, "").fault(), Fault::Busy);
-        // A 500 raised while processing one request, and any 4xx, are the
-        // request's.
-        assert_eq!(
-            status(500, "m is not a multimodal model").fault(),
-            Fault::Request
-        );
-        assert_eq!(status(400, "").fault(), Fault::Request);
-        assert!(!status(500, "Internal Server Error").retryable());
-        assert!(status(429, "").retryable());
-        assert!(UpstreamError::Timeout {
-            url: "u".into(),
-            seconds: 1.0
-        }
-        .retryable());
-        assert!(!UpstreamError::Invalid {
-            url: "u".into(),
-            message: String::new()
-        }
-        .retryable());
-        assert!(matches!(
-            EngineError::from(status(400, "")),
-            EngineError::Upstream(_)
-        ));
-        assert!(matches!(
-            EngineError::from(status(503, "")),
-            EngineError::UpstreamUnavailable(_)
-        ));
-    }
-}
+#[path = "pool_tests.rs"]
+mod tests;
