@@ -20,7 +20,7 @@ use futures::StreamExt;
 use super::head;
 use super::probe::Probed;
 use super::protocol::{
-    cached_tokens, choice_position, letter_request, state_found, CompletionRequest,
+    by_prompt, cached_tokens, choice_position, letter_request, state_found, CompletionRequest,
     CompletionResponse, Prompt, MAX_LOGPROB_TOKEN_IDS,
 };
 use super::reading::letters_at;
@@ -149,30 +149,6 @@ fn groups(inner: &Inner, request: &ScoreRequest) -> (Vec<Group>, bool) {
 /// questions' positions.
 type Group = (Vec<u32>, Vec<usize>);
 
-/// The choices of a list request's response, in the order of its prompts
-/// (by `index`, vLLM's position of the prompt).
-fn by_prompt(r: &CompletionResponse, n: usize) -> Result<Vec<usize>, EngineError> {
-    let mut at = vec![None; n];
-    for (i, c) in r.choices.iter().enumerate() {
-        let index = c.index.unwrap_or(i);
-        match at.get_mut(index) {
-            Some(slot @ None) => *slot = Some(i),
-            _ => {
-                return Err(EngineError::Upstream(format!(
-                    "the upstream answered a request of {n} prompts with choice index {index} \
-                     (twice, or past the prompts)"
-                )))
-            }
-        }
-    }
-    at.into_iter().collect::<Option<Vec<_>>>().ok_or_else(|| {
-        EngineError::Upstream(format!(
-            "the upstream answered a request of {n} prompts with {} choices",
-            r.choices.len()
-        ))
-    })
-}
-
 /// A decision's questions on one state as list requests, all at once.
 pub async fn score(inner: &Inner, request: &ScoreRequest) -> Result<ScoreResult, EngineError> {
     let key = request.state.0;
@@ -246,7 +222,7 @@ pub async fn score(inner: &Inner, request: &ScoreRequest) -> Result<ScoreResult,
                     )
                 })
                 .await?;
-            let mut order = by_prompt(&response, list.len())?;
+            let mut order = by_prompt(&response, list.len()).map_err(EngineError::Upstream)?;
             if lead {
                 order.remove(0);
             }

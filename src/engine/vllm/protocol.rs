@@ -403,6 +403,30 @@ pub fn letter_request(
     }
 }
 
+/// The choices of a list request's response, in the order of its prompts
+/// (by `index`, vLLM's position of the prompt).
+pub fn by_prompt(r: &CompletionResponse, n: usize) -> Result<Vec<usize>, String> {
+    let mut at = vec![None; n];
+    for (i, c) in r.choices.iter().enumerate() {
+        let index = c.index.unwrap_or(i);
+        match at.get_mut(index) {
+            Some(slot @ None) => *slot = Some(i),
+            _ => {
+                return Err(format!(
+                    "the upstream answered a request of {n} prompts with choice index {index} \
+                     (twice, or past the prompts)"
+                ))
+            }
+        }
+    }
+    at.into_iter().collect::<Option<Vec<_>>>().ok_or_else(|| {
+        format!(
+            "the upstream answered a request of {n} prompts with {} choices",
+            r.choices.len()
+        )
+    })
+}
+
 /// The first generated position's alternatives, by token id.
 pub fn first_position(r: &CompletionResponse) -> Result<HashMap<u32, f64>, String> {
     r.choices

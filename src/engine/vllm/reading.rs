@@ -1,15 +1,15 @@
 //! Reading a question's option letters from a completions upstream: one
 //! completion of one token asking for the letters by the probed method,
-//! and, with a top-k upstream, an echo request for each letter outside the
-//! top k. Both ways of asking questions (`letters`, `packed`) read their
-//! letters here.
+//! and, with a top-k upstream, echoes of the letters outside the top k in
+//! a bounded number of list requests. Both ways of asking questions
+//! (`letters`, `packed`) read their letters here.
 
 use std::collections::HashMap;
 
 use super::probe::Probed;
 use super::protocol::{
-    cached_tokens, first_position, letter_request, state_found, token_id, CompletionRequest,
-    CompletionResponse, MAX_LOGPROB_TOKEN_IDS,
+    by_prompt, cached_tokens, first_position, letter_request, state_found, token_id,
+    CompletionRequest, CompletionResponse, Prompt, MAX_LOGPROB_TOKEN_IDS,
 };
 use super::{score_timeout, Inner, LetterMethod};
 use crate::engine::EngineError;
@@ -67,40 +67,64 @@ pub async fn read_letters(
     Ok((out, found_state))
 }
 
-/// The log-probability of `letter` after `prompt`, from an echo of
-/// `prompt ++ [letter]` (the letter's prompt log-probability). vLLM reads
-/// such a prompt whole, without its prefix cache (`skip_reading_prefix_cache`
-/// is set for prompt log-probabilities, vllm/sampling_params.py).
-async fn echo_letter(
+/// The log-probabilities of `letters` after `prompt`, each from an echo of
+/// `prompt ++ [letter]` (the letter's prompt log-probability): the echoes go
+/// as list requests of at most `--batch-prompts` prompts and
+/// `--batch-tokens` prompt tokens each, so a choice of 255 options costs a
+/// few requests, not 254. vLLM reads such prompts whole, without its prefix
+/// cache (`skip_reading_prefix_cache` is set for prompt log-probabilities,
+/// vllm/sampling_params.py).
+async fn echo_letters(
     inner: &Inner,
     key: &[u8],
     prompt: &[u32],
-    letter: u32,
-) -> Result<f32, EngineError> {
-    let mut ids = prompt.to_vec();
-    ids.push(letter);
+    letters: &[u32],
+) -> Result<Vec<f32>, EngineError> {
+    let limits = &inner.options.limits;
     let at = prompt.len();
-    let (_, response): (Probed, CompletionResponse) = inner
-        .pool
-        .call_routed(key, "/v1/completions", score_timeout(inner), |p| {
-            CompletionRequest {
-                logprobs: Some(0),
-                echo: true,
-                ..CompletionRequest::new(&p.model, ids.clone(), 0)
-            }
-        })
-        .await?;
-    let lp = response
-        .choices
-        .first()
-        .and_then(|c| c.logprobs.as_ref())
-        .filter(|l| l.tokens.get(at).and_then(|t| token_id(t)) == Some(letter))
-        .and_then(|l| l.token_logprobs.get(at).copied().flatten());
-    lp.map(|v| v as f32).ok_or_else(|| {
-        EngineError::Upstream(format!(
-            "the echo of the prompt did not return the log-probability of letter token {letter}"
-        ))
-    })
+    let per_request = (limits.batch_tokens / (at + 1)).clamp(1, limits.batch_prompts.max(1));
+    let echo = |letters: &[u32]| {
+        let prompts: Vec<Vec<u32>> = letters
+            .iter()
+            .map(|&l| prompt.iter().copied().chain([l]).collect())
+            .collect();
+        let n = prompts.len();
+        async move {
+            let (_, response): (Probed, CompletionResponse) = inner
+                .pool
+                .call_routed(key, "/v1/completions", score_timeout(inner), |p| {
+                    CompletionRequest {
+                        logprobs: Some(0),
+                        echo: true,
+                        ..CompletionRequest::new(&p.model, Prompt::list(prompts.clone()), 0)
+                    }
+                })
+                .await?;
+            let order = by_prompt(&response, n).map_err(EngineError::Upstream)?;
+            Ok::<_, EngineError>((response, order))
+        }
+    };
+    let mut out = Vec::with_capacity(letters.len());
+    for (chunk, answered) in letters
+        .chunks(per_request)
+        .zip(futures::future::try_join_all(letters.chunks(per_request).map(echo)).await?)
+    {
+        let (response, order) = answered;
+        for (&letter, &c) in chunk.iter().zip(&order) {
+            let lp = response.choices[c]
+                .logprobs
+                .as_ref()
+                .filter(|l| l.tokens.get(at).and_then(|t| token_id(t)) == Some(letter))
+                .and_then(|l| l.token_logprobs.get(at).copied().flatten());
+            out.push(lp.map(|v| v as f32).ok_or_else(|| {
+                EngineError::Upstream(format!(
+                    "the echo of the prompt did not return the log-probability of letter \
+                     token {letter}"
+                ))
+            })?);
+        }
+    }
+    Ok(out)
 }
 
 /// The log-probabilities of the letters `read` among `found`, the
@@ -141,10 +165,8 @@ pub async fn letters_at(
         )));
     }
     let prompt = prompt();
-    let echoes = missing
-        .iter()
-        .map(|&i| echo_letter(inner, key, &prompt, read[i]));
-    let values = futures::future::try_join_all(echoes).await?;
+    let letters: Vec<u32> = missing.iter().map(|&i| read[i]).collect();
+    let values = echo_letters(inner, key, &prompt, &letters).await?;
     for (&i, v) in missing.iter().zip(values) {
         out[i] = v;
     }
