@@ -328,6 +328,16 @@ impl EngineError {
     }
 }
 
+/// The message a caught panic carries (`panic!` with a literal or a
+/// formatted message), for the log and the 500 that answer it.
+pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("a panic without a message")
+}
+
 /// Whether a backend can take jobs.
 #[derive(Clone, Debug, PartialEq)]
 pub enum EngineStatus {

@@ -107,11 +107,7 @@ fn client_left(route: &str) -> Error {
 /// The answer to a request whose handler panicked: a 500 in its route's
 /// shape, the panic logged; the server serves on.
 fn panicked(panic: &(dyn std::any::Any + Send), route: &str) -> Error {
-    let message = panic
-        .downcast_ref::<&str>()
-        .copied()
-        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
-        .unwrap_or("a panic without a message");
+    let message = crate::engine::panic_message(panic);
     tracing::error!("the handler of {route} panicked: {message}; answered 500");
     let e = ApiError::Internal(format!(
         "the server failed on this request ({message}); it logged the fault and serves on"

@@ -297,11 +297,7 @@ fn engine_thread(
 /// The error a job gets when its work panicked: the server's fault,
 /// logged with the panic's message.
 fn panicked(panic: &(dyn std::any::Any + Send)) -> EngineError {
-    let message = panic
-        .downcast_ref::<&str>()
-        .copied()
-        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
-        .unwrap_or("a panic without a message");
+    let message = crate::engine::panic_message(panic);
     tracing::error!(
         "a job's work panicked: {message}; its clients get a 500, the engine serves on"
     );
