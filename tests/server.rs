@@ -482,9 +482,9 @@ fn requests_during_loading_get_503() {
 fn a_client_that_leaves_stops_its_work_and_its_retry_reads_on() {
     let flags = ["--prefill-chunk", "128"];
     let s = Server::start(&flags);
-    // About 2,900 tokens: many chunks of 128.
+    // About 1,800 tokens: 14 chunks of 128.
     let state =
-        "The parcel left the depot on Monday and reached the customer on Friday. ".repeat(190);
+        "The parcel left the depot on Monday and reached the customer on Friday. ".repeat(120);
     let body = json!({"state": state, "questions": [
         {"text": "When did the parcel arrive?", "options": ["Monday", "Friday", "Sunday"]}]});
     s.post_and_leave("/v1/decide", &body, || {
