@@ -27,6 +27,9 @@ fn gateway(upstreams: &[&Server], extra: &[&str]) -> Server {
         args.push(u.url());
     }
     args.extend(extra.iter().map(|s| s.to_string()));
+    if !extra.contains(&"--upstream-timeout") {
+        args.extend(["--upstream-timeout".into(), common::UPSTREAM_TIMEOUT.into()]);
+    }
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     Server::start(&args)
 }

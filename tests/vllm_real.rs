@@ -37,6 +37,9 @@ fn gateway(upstream: &RealVllm, extra: &[&str]) -> Server {
     let url = upstream.url();
     let mut args = vec!["--backend", "vllm", "--upstream", url.as_str()];
     args.extend_from_slice(extra);
+    if !extra.contains(&"--upstream-timeout") {
+        args.extend(["--upstream-timeout", common::UPSTREAM_TIMEOUT]);
+    }
     let s = Server::start(&args);
     s.wait_ready(Duration::from_secs(120));
     s

@@ -72,10 +72,25 @@ pub fn fresh_dir(name: &str) -> PathBuf {
 
 /// The flags of a vLLM-backend gateway in front of `upstream` (a decisio
 /// MLX server, which speaks vLLM's API): the default padding, which both
-/// backends apply alike, so that both read the same prompt.
+/// backends apply alike, so that both read the same prompt; and
+/// [`UPSTREAM_TIMEOUT`].
 pub fn gateway_args(upstream: &str) -> Vec<&str> {
-    vec!["--backend", "vllm", "--upstream", upstream]
+    vec![
+        "--backend",
+        "vllm",
+        "--upstream",
+        upstream,
+        "--upstream-timeout",
+        UPSTREAM_TIMEOUT,
+    ]
 }
+
+/// The scoring timeout of the tests' gateways, where a test sets none: a
+/// call that times out on an upstream that answers other calls is the
+/// request's and is not repeated, and an upstream on a machine running
+/// three test binaries at once can take over the default 60 s for a large
+/// request.
+pub const UPSTREAM_TIMEOUT: &str = "600";
 
 /// Reference figures written by `make reference`.
 pub fn reference_file(name: &str) -> PathBuf {
