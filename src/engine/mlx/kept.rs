@@ -121,14 +121,37 @@ impl PromptIndex {
 
     /// Keys of kept prompts that `prompt` strictly extends, longest first.
     pub fn prefixes_of(&self, prompt: &[u32]) -> Vec<(usize, StateHash)> {
-        self.lengths
-            .range(1..prompt.len())
-            .rev()
-            .filter_map(|(&len, _)| {
-                let key = self.keys.get(&(len, Self::hash(&prompt[..len])))?;
-                Some((len, *key))
-            })
-            .collect()
+        self.prefixes_where(prompt, |_| true)
+    }
+
+    /// [`Self::prefixes_of`] among the kept lengths that `wanted` accepts.
+    /// The prompt's tokens are hashed once, in order, whatever the number
+    /// of lengths looked up.
+    pub fn prefixes_where(
+        &self,
+        prompt: &[u32],
+        wanted: impl Fn(usize) -> bool,
+    ) -> Vec<(usize, StateHash)> {
+        let mut found = Vec::new();
+        if prompt.len() < 2 {
+            return found;
+        }
+        let mut h = Sha256::new();
+        let mut hashed = 0;
+        for &len in self.lengths.range(1..prompt.len()).map(|(len, _)| len) {
+            if !wanted(len) {
+                continue;
+            }
+            for id in &prompt[hashed..len] {
+                h.update(id.to_le_bytes());
+            }
+            hashed = len;
+            if let Some(key) = self.keys.get(&(len, h.clone().finalize().into())) {
+                found.push((len, *key));
+            }
+        }
+        found.reverse();
+        found
     }
 }
 
@@ -141,4 +164,36 @@ pub(super) fn prompt_key(ids: &[u32]) -> StateHash {
 pub(super) struct Kept<'a> {
     pub cache: &'a PrefixCache<Snapshot>,
     pub index: &'a mut PromptIndex,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_index_finds_the_kept_prefixes_of_a_prompt_longest_first() {
+        let prompt: Vec<u32> = (0..40).collect();
+        let mut index = PromptIndex::default();
+        for len in [8, 16, 20, 32] {
+            index.record(&prompt[..len], prompt_key(&prompt[..len]));
+        }
+        // Another prompt of a kept length that is not a prefix of this one.
+        index.record(&[7; 24], prompt_key(&[7; 24]));
+        index.record(&prompt, prompt_key(&prompt));
+        let lengths = |found: Vec<(usize, StateHash)>| {
+            for &(len, key) in &found {
+                assert_eq!(key, prompt_key(&prompt[..len]));
+            }
+            found.into_iter().map(|(len, _)| len).collect::<Vec<_>>()
+        };
+        assert_eq!(lengths(index.prefixes_of(&prompt)), [32, 20, 16, 8]);
+        assert_eq!(
+            lengths(index.prefixes_where(&prompt, |len| len % 8 == 0)),
+            [32, 16, 8]
+        );
+        assert_eq!(lengths(index.prefixes_of(&prompt[..20])), [16, 8]);
+        let mut other = prompt.clone();
+        other[10] = 99;
+        assert_eq!(lengths(index.prefixes_of(&other)), [8]);
+    }
 }

@@ -278,9 +278,9 @@ fn partial_of(e: &Engine<'_>, request: &ScoreRequest) -> Option<(usize, ModelCac
     }
     let chunk = e.options.prefill_chunk.max(1);
     e.prompts
-        .prefixes_of(&request.prefix)
+        .prefixes_where(&request.prefix, |len| len % chunk == 0)
         .into_iter()
-        .filter(|&(len, key)| len % chunk == 0 && key == partial_key(&request.prefix[..len]))
+        .filter(|&(len, key)| key == partial_key(&request.prefix[..len]))
         .find_map(|(len, key)| Some((len, e.prefix_cache.peek(&key)?.cache.clone())))
 }
 
