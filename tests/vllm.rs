@@ -541,7 +541,8 @@ fn upstream_faults_are_openai_errors() {
         "{err}"
     );
 
-    // The upstream refuses (more logprobs than its cap): 502 with its text.
+    // The upstream refuses (more logprobs than its cap): the request's
+    // fault, 400 with its text.
     let mut mlx = Server::start(&["--max-logprobs", "2"]);
     let vllm = gateway(
         &[&mlx],
@@ -551,8 +552,8 @@ fn upstream_faults_are_openai_errors() {
         "/v1/completions",
         &json!({"model": "smollm2", "prompt": "Hello", "max_tokens": 2, "logprobs": 5}),
     );
-    assert_error(&r, 502, "`logprobs` must be between 0 and 2");
-    assert_eq!(r.json()["error"]["code"], "upstream_error");
+    assert_error(&r, 400, "`logprobs` must be between 0 and 2");
+    assert_eq!(r.json()["error"]["code"], "upstream_refused");
 
     // Too short a deadline: 504.
     let slow = gateway(

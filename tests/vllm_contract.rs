@@ -564,8 +564,9 @@ fn error_gateway(replay: &Replay) -> Server {
 
 /// Every recorded completion vLLM refuses with a 4xx, sent through the
 /// gateway with the recorded fields (`prompt` "Hello" where none is
-/// recorded): vLLM's refusal reaches the client as a 502 carrying its
-/// message, sent once, not retried. A recorded request beyond the context
+/// recorded): vLLM's refusal reaches the client as a 400 carrying its
+/// message (the request's fault: a System One client does not repeat it),
+/// sent once, not retried. A recorded request beyond the context
 /// the model card states is refused by the gateway itself, in the words
 /// vLLM's own refusal begins with, and nothing is sent.
 fn assert_request_errors(replay: &Replay, gw: &Server) {
@@ -601,7 +602,7 @@ fn assert_request_errors(replay: &Replay, gw: &Server) {
             assert_error(&r, 400, "context_length_exceeded", words);
             assert_eq!(replay.answered(e), before, "sent: {}", e["name"]);
         } else {
-            assert_error(&r, 502, "upstream_error", message.unwrap());
+            assert_error(&r, 400, "upstream_refused", message.unwrap());
             assert_eq!(
                 replay.answered(e),
                 before + 1,

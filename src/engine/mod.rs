@@ -307,6 +307,12 @@ pub enum EngineError {
     /// what its protocol promises; the message carries the upstream's own.
     #[error("{0}")]
     Upstream(String),
+    /// An upstream server refused the request for what it asks (a 4xx
+    /// other than 429: a field over one of its limits, a prompt it cannot
+    /// take): the request's fault, never retried, and it would be refused
+    /// alike on every upstream. The message carries the upstream's own.
+    #[error("{0}")]
+    UpstreamRefused(String),
     /// The backend waits for its servers to come up ([`EngineStatus::Waiting`]);
     /// the message says which.
     #[error("{0}")]
@@ -336,6 +342,18 @@ pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
         .copied()
         .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
         .unwrap_or("a panic without a message")
+}
+
+/// The error a job gets when its work panicked: the server's fault,
+/// logged with the panic's message (both backends).
+pub fn panicked(panic: &(dyn std::any::Any + Send)) -> EngineError {
+    let message = panic_message(panic);
+    tracing::error!(
+        "a job's work panicked: {message}; its clients get a 500, the engine serves on"
+    );
+    EngineError::Model(format!(
+        "the engine failed on this request ({message}); the server logged it and serves on"
+    ))
 }
 
 /// Whether a backend can take jobs.

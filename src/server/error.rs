@@ -68,6 +68,11 @@ pub enum ApiError {
     /// 413: the body is over the configured limit.
     #[error("The request body is larger than the limit of {0} bytes (--max-body-mb).")]
     PayloadTooLarge(usize),
+    /// 413: a request over a token limit, on a route whose clients take
+    /// 413 for it (System One's); the message names the limit and the
+    /// request's figure.
+    #[error("{0}")]
+    OverLimit(String),
     /// 415: a body that is not JSON.
     #[error("{0}")]
     UnsupportedMediaType(String),
@@ -79,6 +84,10 @@ pub enum ApiError {
     /// 500: a failure inside the server.
     #[error("{0}")]
     Internal(String),
+    /// 400: an upstream server refused the request for what it asks (its
+    /// 4xx other than 429), with the upstream's message.
+    #[error("{0}")]
+    UpstreamRefused(String),
     /// 502: an upstream server answered with an error or a malformed body.
     #[error("{0}")]
     BadGateway(String),
@@ -133,10 +142,11 @@ impl ApiError {
             ApiError::Unauthorized(_) => "invalid_api_key",
             ApiError::ModelNotFound(_) => "model_not_found",
             ApiError::TaskNotFound { .. } => "task_not_found",
-            ApiError::PayloadTooLarge(_) => "request_too_large",
+            ApiError::PayloadTooLarge(_) | ApiError::OverLimit(_) => "request_too_large",
             ApiError::Conflict { code, .. } => code,
             ApiError::Unavailable { code, .. } => code,
             ApiError::BadGateway(_) => "upstream_error",
+            ApiError::UpstreamRefused(_) => "upstream_refused",
             ApiError::GatewayTimeout(_) => "upstream_timeout",
             _ => return None,
         })
@@ -169,14 +179,16 @@ impl ApiError {
 impl ResponseError for ApiError {
     fn status_code(&self) -> StatusCode {
         match self {
-            ApiError::BadRequest { .. } | ApiError::ContextLength { .. } => StatusCode::BAD_REQUEST,
+            ApiError::BadRequest { .. }
+            | ApiError::ContextLength { .. }
+            | ApiError::UpstreamRefused(_) => StatusCode::BAD_REQUEST,
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             ApiError::ModelNotFound(_) | ApiError::NotFound(_) | ApiError::TaskNotFound { .. } => {
                 StatusCode::NOT_FOUND
             }
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::Conflict { .. } => StatusCode::CONFLICT,
-            ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::PayloadTooLarge(_) | ApiError::OverLimit(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -234,6 +246,7 @@ impl From<EngineError> for ApiError {
             }
             EngineError::UpstreamTimeout(m) => ApiError::GatewayTimeout(m),
             EngineError::Upstream(m) => ApiError::BadGateway(m),
+            EngineError::UpstreamRefused(m) => ApiError::UpstreamRefused(m),
         }
     }
 }

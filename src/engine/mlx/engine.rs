@@ -208,6 +208,8 @@ fn engine_thread(
     set(EngineStatus::Ready);
     let prefix_cache: PrefixCache<Snapshot> =
         PrefixCache::new(options.prefix_cache_mib, options.metrics.clone());
+    // The resident memory of the loaded model, which idle trims return to.
+    let loaded = memory::resident_bytes().unwrap_or(0);
     let mut prompts = PromptIndex::default();
     // The work in hand, taken in turns: a scoring job one step at a time
     // (a chunk of its state or one pass of its questions, then it goes to
@@ -244,7 +246,7 @@ fn engine_thread(
                         0
                     }
                     Err(panic) => {
-                        scoring.fail(panicked(&*panic));
+                        scoring.fail(crate::engine::panicked(&*panic));
                         jobs
                     }
                 }
@@ -264,7 +266,7 @@ fn engine_thread(
                 let failed = match ran {
                     Ok(Ok(())) => None,
                     Ok(Err(e)) => Some(EngineError::computation(e.to_string())),
-                    Err(panic) => Some(panicked(&*panic)),
+                    Err(panic) => Some(crate::engine::panicked(&*panic)),
                 };
                 if let Some(e) = failed {
                     let _ = events.blocking_send(Err(e));
@@ -282,28 +284,23 @@ fn engine_thread(
                     let embedded = catch_unwind(AssertUnwindSafe(|| {
                         embed_all(&model, &options, kept, &inputs)
                     }));
-                    let _ = reply.send(embedded.unwrap_or_else(|panic| Err(panicked(&*panic))));
+                    let _ = reply.send(
+                        embedded.unwrap_or_else(|panic| Err(crate::engine::panicked(&*panic))),
+                    );
                 }
                 1
             }
         };
         if done > 0 {
             depth.fetch_sub(done, Ordering::Relaxed);
+            if work.is_empty() {
+                // Idle: what a large request grew is given back.
+                super::host::trim_buffers();
+                memory::trim_idle(loaded, prefix_cache.bytes() as usize);
+            }
             memory::export(&options.metrics);
         }
     }
-}
-
-/// The error a job gets when its work panicked: the server's fault,
-/// logged with the panic's message.
-fn panicked(panic: &(dyn std::any::Any + Send)) -> EngineError {
-    let message = crate::engine::panic_message(panic);
-    tracing::error!(
-        "a job's work panicked: {message}; its clients get a 500, the engine serves on"
-    );
-    EngineError::Model(format!(
-        "the engine failed on this request ({message}); the server logged it and serves on"
-    ))
 }
 
 /// What the engine thread has in hand: a scoring job, read a step at a

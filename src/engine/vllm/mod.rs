@@ -49,6 +49,7 @@
 mod batch;
 mod generate;
 mod head;
+mod job;
 mod letters;
 mod packed;
 pub mod pool;
@@ -61,11 +62,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use sha2::{Digest, Sha256};
 use tokio::sync::{mpsc, oneshot};
 
 use self::head::{HeadProbed, NO_HEAD_HINT};
+use self::job::unless_left;
 use self::pool::Pool;
 use self::probe::Probed;
 use self::wait::WaitState;
@@ -545,7 +547,7 @@ impl Engine for VllmEngine {
         self.handle()?.spawn(async move {
             let _guard = guard;
             let work = generate::generate(&inner, &request, &events);
-            if let Some(Err(e)) = unless_left(&inner, work, events.closed()).await {
+            if let Some(Err(e)) = unless_left(&inner.options.metrics, work, events.closed()).await {
                 let _ = events.send(Err(e)).await;
             }
         });
@@ -559,7 +561,8 @@ impl Engine for VllmEngine {
         self.handle()?.spawn(async move {
             let _guard = guard;
             let mut reply = reply;
-            let scored = unless_left(&inner, score(&inner, &request), reply.closed()).await;
+            let work = score(&inner, &request);
+            let scored = unless_left(&inner.options.metrics, work, reply.closed()).await;
             if let Some(scored) = scored {
                 let _ = reply.send(scored);
             }
@@ -593,10 +596,11 @@ impl Engine for VllmEngine {
             });
             let work = futures::stream::iter(all)
                 .buffered(fan_out)
-                .collect::<Vec<_>>();
+                .collect::<Vec<_>>()
+                .map(|all| all.into_iter().collect());
             let mut reply = reply;
-            if let Some(all) = unless_left(&inner, work, reply.closed()).await {
-                let _ = reply.send(all.into_iter().collect());
+            if let Some(all) = unless_left(&inner.options.metrics, work, reply.closed()).await {
+                let _ = reply.send(all);
             }
         });
         Ok(rx)
@@ -635,32 +639,11 @@ impl Engine for VllmEngine {
             let _guard = guard;
             let mut reply = reply;
             let work = generate::chat_passthrough(&inner, body);
-            if let Some(answer) = unless_left(&inner, work, reply.closed()).await {
+            if let Some(answer) = unless_left(&inner.options.metrics, work, reply.closed()).await {
                 let _ = reply.send(answer);
             }
         });
         Ok(rx)
-    }
-}
-
-/// A job's work, run until it ends or its client leaves (`left` resolves
-/// when the client's end of the job's channel is dropped, as the HTTP layer
-/// drops it when the connection closes). A job left is dropped at once:
-/// its upstream connections close, and vLLM aborts each request whose
-/// connection closed, so nobody's work is left running upstream. `None`
-/// when the client left first.
-async fn unless_left<T>(
-    inner: &Inner,
-    work: impl std::future::Future<Output = T>,
-    left: impl std::future::Future<Output = ()>,
-) -> Option<T> {
-    tokio::select! {
-        biased;
-        done = work => Some(done),
-        () = left => {
-            inner.options.metrics.abandoned_jobs.inc();
-            None
-        }
     }
 }
 

@@ -150,6 +150,9 @@ impl From<UpstreamError> for EngineError {
                 EngineError::UpstreamUnavailable(e.to_string())
             }
             UpstreamError::Timeout { .. } => EngineError::UpstreamTimeout(e.to_string()),
+            UpstreamError::Status {
+                status: 400..=499, ..
+            } => EngineError::UpstreamRefused(e.to_string()),
             UpstreamError::Status { .. } | UpstreamError::Invalid { .. } => {
                 EngineError::Upstream(e.to_string())
             }

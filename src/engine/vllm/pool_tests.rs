@@ -114,6 +114,10 @@ fn only_the_replicas_faults_are_retried_and_counted() {
     .retryable());
     assert!(matches!(
         EngineError::from(status(400, "")),
+        EngineError::UpstreamRefused(_)
+    ));
+    assert!(matches!(
+        EngineError::from(status(500, "")),
         EngineError::Upstream(_)
     ));
     assert!(matches!(

@@ -110,6 +110,11 @@ impl From<RouteError> for WireError {
                 let loc: Vec<&str> = param.as_deref().into_iter().collect();
                 WireError::Invalid(vec![detail(&loc, message, "value_error")])
             }
+            // System One's clients take 413 for a request over its token
+            // budget (jevcompat's SPEC §3.5).
+            RouteError::ContextLength { message, .. } => {
+                WireError::Api(ApiError::OverLimit(message))
+            }
             other => WireError::Api(other.into()),
         }
     }
