@@ -422,6 +422,48 @@ fn mlx_and_gateway(flags: &[&str]) -> (Server, Server) {
 }
 
 #[test]
+fn a_request_over_the_context_is_refused_413_on_both_backends() {
+    // The fixture's context is 8,192 tokens. A 2 MB state with 256
+    // questions is refused from its length alone, before anything is
+    // rendered or tokenized (the message gives its bytes); a 45 kB state
+    // of 9,000 ` word` tokens passes that bound and is refused once
+    // tokenized, with its count. Each is System One's 413
+    // `request_too_large`, which a client does not retry, and the server
+    // answers on.
+    let (mlx, gateway) = mlx_and_gateway(&[]);
+    let many: serde_json::Map<String, Value> = (0..256)
+        .map(|i| {
+            (
+                format!("q{i}"),
+                json!({"type": "noul", "instructions": format!("Is it {i}?")}),
+            )
+        })
+        .collect();
+    for s in [&mlx, &gateway] {
+        let huge = json!({"state": "word ".repeat(400_000), "questions": many});
+        let r = s.post_json_waiting("/v1/systemone", &huge, Duration::from_secs(600));
+        assert_eq!(wire_error(&r, 413), "request_too_large");
+        let message = r.json()["detail"]["message"].as_str().unwrap().to_string();
+        assert!(
+            message.contains("maximum context length is 8192 tokens")
+                && message.contains("the state is 2000000 bytes"),
+            "{message}"
+        );
+        let over = json!({"state": "word ".repeat(9_000), "questions": questions()});
+        let r = s.post_json_waiting("/v1/systemone", &over, Duration::from_secs(600));
+        assert_eq!(wire_error(&r, 413), "request_too_large");
+        let message = r.json()["detail"]["message"].as_str().unwrap().to_string();
+        assert!(
+            message.contains("maximum context length is 8192 tokens")
+                && message.contains("the state and a question take"),
+            "{message}"
+        );
+        let fits = ask(s, &json!({"state": TICKET, "questions": questions()}));
+        assert_eq!(fits["answers"].as_object().unwrap().len(), 3);
+    }
+}
+
+#[test]
 fn the_vllm_backend_answers_the_wire_as_the_mlx_backend_does() {
     // The gateway in front of the MLX server (which speaks vLLM's API),
     // unpadded so that both read the same prompt: the same answers, up to

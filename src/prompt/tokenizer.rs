@@ -19,6 +19,8 @@ struct Inner {
     tokenizer: Tokenizer,
     /// How a single token turns into bytes, read from the decoder.
     byte_steps: Vec<ByteStep>,
+    /// [`TextTokenizer::longest_token_bytes`], computed on first use.
+    longest: std::sync::OnceLock<usize>,
 }
 
 impl std::fmt::Debug for TextTokenizer {
@@ -68,6 +70,7 @@ impl TextTokenizer {
             inner: Arc::new(Inner {
                 tokenizer,
                 byte_steps,
+                longest: Default::default(),
             }),
         }
     }
@@ -110,6 +113,39 @@ impl TextTokenizer {
     /// form, e.g. `Ġthe`).
     pub fn id_to_token(&self, id: u32) -> Option<String> {
         self.inner.tokenizer.id_to_token(id)
+    }
+
+    /// The most bytes of text one token stands for: the longest
+    /// [`Self::token_bytes`] of the vocabulary, added tokens included
+    /// (computed once, on first use). A text of `n` bytes is at least
+    /// `n / (this × shrink)` tokens, `shrink` from [`Self::shrink_bound`].
+    pub fn longest_token_bytes(&self) -> usize {
+        *self.inner.longest.get_or_init(|| {
+            self.inner
+                .tokenizer
+                .get_vocab(true)
+                .into_values()
+                .filter_map(|id| self.token_bytes(id))
+                .map(|b| b.len())
+                .max()
+                .unwrap_or(1)
+                .max(1)
+        })
+    }
+
+    /// How many times the tokenizer's normalizer may shorten a text's
+    /// bytes at most: 1 without one, 4 for Unicode normalization (NFKC
+    /// maps a 4-byte character to a 1-byte one at most; composition turns
+    /// at most three 3-byte characters into one), a `Replace` of a string
+    /// by the ratio of their lengths. `None` where no bound is known (a
+    /// normalizer that may delete text, or a pattern).
+    pub fn shrink_bound(&self) -> Option<usize> {
+        let normalizer = self.inner.tokenizer.get_normalizer();
+        match normalizer.and_then(|n| serde_json::to_value(n).ok()) {
+            None if normalizer.is_none() => Some(1),
+            None => None,
+            Some(n) => shrink_of(&n),
+        }
     }
 
     /// Vocabulary size including added tokens (Python's `get_vocab_size()`).
@@ -323,9 +359,47 @@ fn char_to_byte(c: char) -> Option<u8> {
         .map(|b| b as u8)
 }
 
+/// [`TextTokenizer::shrink_bound`] of a normalizer, from its JSON form.
+fn shrink_of(n: &Json) -> Option<usize> {
+    match n["type"].as_str()? {
+        "NFC" | "NFD" | "NFKC" | "NFKD" => Some(4),
+        "Prepend" => Some(1),
+        // The Kelvin sign (3 bytes) lowercases to `k`.
+        "Lowercase" => Some(3),
+        "Replace" => {
+            let from = n["pattern"]["String"].as_str()?.len();
+            let to = n["content"].as_str()?.len();
+            (to > 0).then(|| from.div_ceil(to).max(1))
+        }
+        "Sequence" => n["normalizers"]
+            .as_array()?
+            .iter()
+            .try_fold(1usize, |bound, step| Some(bound * shrink_of(step)?)),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_normalizer_shortens_text_by_a_known_bound_or_none() {
+        let bound = |n: Json| shrink_of(&n);
+        assert_eq!(bound(serde_json::json!({"type": "NFC"})), Some(4));
+        let replace = |from: &str, to: &str| serde_json::json!({"type": "Replace", "pattern": {"String": from}, "content": to});
+        // Gemma's: a space becomes `▁`, longer.
+        assert_eq!(bound(replace(" ", "\u{2581}")), Some(1));
+        assert_eq!(bound(replace("abcd", "x")), Some(4));
+        assert_eq!(bound(replace("abcd", "")), None);
+        let sequence = serde_json::json!({"type": "Sequence", "normalizers": [
+            {"type": "NFKC"}, {"type": "Lowercase"}]});
+        assert_eq!(bound(sequence), Some(12));
+        assert_eq!(bound(serde_json::json!({"type": "BertNormalizer"})), None);
+        let regex =
+            serde_json::json!({"type": "Replace", "pattern": {"Regex": " +"}, "content": " "});
+        assert_eq!(bound(regex), None);
+    }
 
     #[test]
     fn byte_level_chars_map_back_to_bytes() {

@@ -298,13 +298,27 @@ impl TextRoute {
         let layer = head_layer(&questions)?;
         let plan = orders::Plan::new(&questions, orders)?;
         let asked = plan.asked(&questions);
-        let (prefix, tokens, packed) = if mode == MultiQuestion::Packed {
-            let (prefix, tokens, packed) = self.prepare_packed(&state, &asked)?;
-            (prefix, tokens, Some(packed))
-        } else {
-            let (prefix, tokens) = self.prepare(&state, &questions, &asked)?;
-            (prefix, tokens, None)
-        };
+        // Rendering and tokenizing run on the blocking pool, off the
+        // caller's thread (an HTTP worker serves other requests meanwhile).
+        let route = self.clone();
+        let (questions, asked, prepared) = tokio::task::spawn_blocking(move || {
+            let prepared = if mode == MultiQuestion::Packed {
+                route
+                    .prepare_packed(&state, &asked)
+                    .map(|(prefix, tokens, packed)| (prefix, tokens, Some(packed)))
+            } else {
+                route
+                    .prepare(&state, &questions, &asked)
+                    .map(|(prefix, tokens)| (prefix, tokens, None))
+            };
+            (questions, asked, prepared)
+        })
+        .await
+        .map_err(|e| match e.try_into_panic() {
+            Ok(panic) => RouteError::Engine(crate::engine::panicked(&*panic)),
+            Err(e) => RouteError::Engine(crate::engine::EngineError::Model(e.to_string())),
+        })?;
+        let (prefix, tokens, packed) = prepared?;
         let hash = self.state_hash(&prefix);
         let suffix_lengths: Vec<usize> = tokens.iter().map(|t| t.suffix.len()).collect();
         let prompt_tokens = match &packed {

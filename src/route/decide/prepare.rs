@@ -90,6 +90,36 @@ impl TextRoute {
             .then(|| wire::layout_header(questions.iter().map(|q| q.text.trim())))
     }
 
+    /// Refuses, before anything is rendered or tokenized, a state whose
+    /// text alone is as long as the context: a text of `n` bytes is at
+    /// least `n / (L × S)` tokens, `L` the most bytes one token of this
+    /// tokenizer stands for and `S` the most its normalizer shortens a text
+    /// (no bound, no check, where that is not known). Reads the texts'
+    /// lengths only, so an oversize state costs no tokenizing.
+    pub fn check_state_size(&self, state: &State) -> Result<(), RouteError> {
+        let bytes: usize = match state {
+            State::Text(text) => text.len(),
+            State::Messages(messages) => messages.iter().map(text_bytes).sum(),
+        };
+        let Some(shrink) = self.tokenizer.shrink_bound() else {
+            return Ok(());
+        };
+        let longest = self.tokenizer.longest_token_bytes();
+        let at_least = bytes / (longest * shrink);
+        let context = self.context_length();
+        if at_least < context {
+            return Ok(());
+        }
+        Err(RouteError::ContextLength {
+            message: format!(
+                "This model's maximum context length is {context} tokens. However, the state \
+                 is {bytes} bytes, at least {at_least} tokens (no token of this tokenizer \
+                 stands for more than {longest} bytes); shorten the state."
+            ),
+            param: "state",
+        })
+    }
+
     /// The state hash of a prefix on this model, tokenizer and padding.
     pub(super) fn state_hash(&self, prefix: &[u32]) -> StateHash {
         StateHash::new(
@@ -141,6 +171,7 @@ impl TextRoute {
                 ),
             ));
         }
+        self.check_state_size(state)?;
         let letters = self.packed_letter_ids.as_ref().ok_or_else(|| {
             invalid(
                 "multi_question",
@@ -228,6 +259,7 @@ impl TextRoute {
         listed: &[Question],
         questions: &[Question],
     ) -> Result<(Vec<u32>, Vec<QuestionTokens>), RouteError> {
+        self.check_state_size(state)?;
         let mut prefix_text: Option<String> = None;
         let mut suffixes = Vec::with_capacity(questions.len());
         let state = &self.wire_state(state, listed);
@@ -278,5 +310,19 @@ impl TextRoute {
             tokens.push(QuestionTokens { suffix: ids, read });
         }
         Ok((prefix, tokens))
+    }
+}
+
+/// The bytes of text in a chat message: its `content` string, or the
+/// `text` of its content parts.
+fn text_bytes(message: &serde_json::Value) -> usize {
+    match &message["content"] {
+        serde_json::Value::String(text) => text.len(),
+        serde_json::Value::Array(parts) => parts
+            .iter()
+            .filter_map(|p| p["text"].as_str())
+            .map(str::len)
+            .sum(),
+        _ => 0,
     }
 }

@@ -130,28 +130,36 @@ pub async fn respond(
             },
         })
         .collect();
-    let state_text = state_text(&request.state);
-    let mut input_tokens = state.route.count_tokens(&state_text)?;
-    if let Some(header) = state.route.wire_header(&questions) {
-        input_tokens += state.route.count_tokens(&header)?;
-    }
+    // Counted before any work: a state longer than the context is refused
+    // from its length alone (413), then the texts are tokenized for
+    // `usage.input_tokens` on the blocking pool, off the HTTP worker.
+    let text = State::Text(state_text(&request.state));
+    state.route.check_state_size(&text)?;
+    let mut texts: Vec<String> = state.route.wire_header(&questions).into_iter().collect();
     for q in &questions {
         // An intent task's question is its instructions alone.
-        let text = match q.head {
+        texts.push(match q.head {
             Some(_) => q.text.clone(),
             None => state.route.wire_question_text(q)?,
-        };
-        input_tokens += state.route.count_tokens(&text)?;
+        });
     }
+    let route = state.route.clone();
+    let (text, input_tokens) = web::block(move || {
+        let mut n = 0;
+        for t in texts.iter().chain(match &text {
+            State::Text(state_text) => Some(state_text),
+            State::Messages(_) => None,
+        }) {
+            n += route.count_tokens(t)?;
+        }
+        Ok::<_, crate::route::RouteError>((text, n))
+    })
+    .await
+    .map_err(|e| ApiError::Internal(e.to_string()))??;
     let started = std::time::Instant::now();
     let decision = state
         .route
-        .decide_in_orders(
-            State::Text(state_text),
-            questions,
-            None,
-            request.orders.unwrap_or(1),
-        )
+        .decide_in_orders(text, questions, None, request.orders.unwrap_or(1))
         .await?;
     let per_question = started.elapsed().as_secs_f64() / request.questions.len() as f64;
     let mut answers = Map::new();
