@@ -16,7 +16,9 @@
 //!
 //! After each new state's prefill the buffer cache is cleared, so what a
 //! request leaves behind is the prefix cache's snapshot, not the prefill's
-//! scratch buffers. `decisio_mlx_memory_bytes` exports MLX's active, peak
+//! scratch buffers; when the engine's queue empties, a cache over
+//! [`IDLE_CACHE`] is cleared too, and the C allocator's free pages are
+//! returned when the process holds more than it should idle ([`trim_idle`]). `decisio_mlx_memory_bytes` exports MLX's active, peak
 //! and cache bytes after each job ([`export`]; a scoring job's before its
 //! answers are sent, so a client that reads `/metrics` once answered sees
 //! its request's peak).
@@ -29,6 +31,59 @@ use crate::metrics::Metrics;
 /// The most MLX's buffer cache may hold: a prefill's scratch (activations
 /// of a 256-token chunk, attention scores) fits many times over.
 pub const CACHE_CAP: usize = 1 << 30;
+
+/// The most of MLX's buffer cache kept while the engine is idle: what the
+/// passes of ordinary requests reuse (about 240 to 480 MiB on the fixture,
+/// `runs/2026-12-05_memory`); a larger request's leftovers beyond it are
+/// given back when its work ends ([`trim_idle`]).
+pub const IDLE_CACHE: usize = 512 << 20;
+
+/// What an idle server may hold beyond its resident memory once loaded
+/// and its prefix cache's states, before [`trim_idle`] gives the C
+/// allocator's free pages back: MLX's idle cache and the host kernels'
+/// kept buffers, with room to spare.
+pub const IDLE_SLACK: usize = 512 << 20;
+
+/// Called by the engine thread when its queue is empty: clears MLX's
+/// buffer cache when it holds more than [`IDLE_CACHE`], and when the
+/// process's resident memory is over `loaded` (its resident bytes once
+/// the model was loaded) plus the prefix cache's `kept` bytes plus
+/// [`IDLE_SLACK`], returns the C allocator's free pages to the system
+/// (glibc keeps what MLX freed in its heaps). Ordinary requests leave
+/// nothing to return, so they pay for no trim.
+pub fn trim_idle(loaded: usize, kept: usize) {
+    if mlx_rs::memory::cache_memory().is_ok_and(|b| b > IDLE_CACHE) {
+        let _ = mlx_rs::memory::clear_cache();
+    }
+    if resident_bytes().is_some_and(|r| r > loaded + kept + IDLE_SLACK) {
+        release_free_pages();
+    }
+}
+
+/// The process's resident bytes (Linux: `VmRSS` of `/proc/self/status`);
+/// `None` elsewhere.
+pub fn resident_bytes() -> Option<usize> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib << 10)
+}
+
+/// Returns the C allocator's free memory to the system (glibc's
+/// `malloc_trim`); nothing where the allocator is not glibc's.
+fn release_free_pages() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        extern "C" {
+            fn malloc_trim(pad: usize) -> i32;
+        }
+        // SAFETY: `malloc_trim` only gives free pages of the heaps back to
+        // the system; it touches no memory in use.
+        unsafe {
+            malloc_trim(0);
+        }
+    }
+}
 
 /// A size of MLX's device information (`mlx_device_info_get_size`), where
 /// MLX has it for this device.

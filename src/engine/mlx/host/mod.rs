@@ -152,19 +152,46 @@ use widest;
 widest!(fn softmax_row_in_place(row: &mut [f32], valid: usize) => softmax_row_body);
 widest!(fn swiglu_rows(g: &[f32], u: &[f32], out: &mut [f32]) => swiglu_body);
 
+thread_local! {
+    /// [`with_buffers`]' two buffers.
+    static BUFFERS: std::cell::RefCell<(Vec<f32>, Vec<f32>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// The most bytes [`trim_buffers`] leaves in each of a thread's two kept
+/// buffers: a pass of ~17 questions of 80 tokens on a 3,000-token state
+/// (the fixture's 9 heads) needs 151 MB for its scores, a 512-token chunk
+/// of a new state 55 MB; larger requests grow them while they run.
+pub const KEPT_BUFFER_BYTES: usize = 64 << 20;
+
 /// Runs `f` on two buffers of `a` and `b` floats this thread keeps between
 /// calls (their contents are whatever the last call left), so the pages
 /// are not faulted in anew for every layer.
 fn with_buffers<T>(a: usize, b: usize, f: impl FnOnce(&mut [f32], &mut [f32]) -> T) -> T {
-    thread_local! {
-        static BUFFERS: std::cell::RefCell<(Vec<f32>, Vec<f32>)> =
-            const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
-    }
     BUFFERS.with(|cell| {
         let (x, y) = &mut *cell.borrow_mut();
         x.resize(x.len().max(a), 0.0);
         y.resize(y.len().max(b), 0.0);
         f(&mut x[..a], &mut y[..b])
+    })
+}
+
+/// Frees this thread's kept buffers that a large request grew beyond
+/// [`KEPT_BUFFER_BYTES`] (the engine thread calls it when its queue is
+/// empty), so that memory returns after the request; returns the bytes
+/// freed.
+pub fn trim_buffers() -> usize {
+    let most = KEPT_BUFFER_BYTES / std::mem::size_of::<f32>();
+    BUFFERS.with(|cell| {
+        let (x, y) = &mut *cell.borrow_mut();
+        let mut freed = 0;
+        for buf in [x, y] {
+            if buf.capacity() > most {
+                freed += buf.capacity() * std::mem::size_of::<f32>();
+                *buf = Vec::new();
+            }
+        }
+        freed
     })
 }
 
