@@ -16,7 +16,7 @@ DENSE_MODEL := $(DECISIO_CACHE)/models/smollm2-135m-instruct-dense
 OPENBLAS := $(wildcard /usr/lib/$(shell gcc -dumpmachine 2>/dev/null)/libopenblas.so.0)
 PORT ?= 8000
 
-.PHONY: setup serve test check-targets gate reference reference-cached reference-logits cargo-test e2e lint bench bench-tasks bench-letter-bias bench-trust ci-time schemathesis bench-mac bench-profile record-vllm bench-systemone bench-memory
+.PHONY: setup serve test check-targets gate reference reference-cached reference-logits cargo-test e2e lint bench bench-tasks bench-letter-bias bench-trust ci-time schemathesis bench-mac bench-profile record-vllm bench-systemone bench-memory bench-heavy
 
 setup:
 	@bash scripts/setup.sh
@@ -117,6 +117,13 @@ bench-systemone: setup reference-cached
 bench-memory: setup reference
 	cargo build --release --locked --bin decisio --example paired_bars
 	$(PYTHON) scripts/bench/memory.py
+
+# Small requests from 8 clients beside the heaviest request the limits allow,
+# /health, the time to a 413 and the memory after
+# (scripts/bench/heavy.py), into runs/<today>_heavy; about 3 minutes.
+bench-heavy: setup
+	cargo build --release --locked --bin decisio --example paired_bars
+	$(PYTHON) scripts/bench/heavy.py
 
 # decisio against mlx_lm.server on the same MLX conversions: a new state, a
 # seen state, 100 questions on one state, peak memory at 8k/16k/32k tokens;

@@ -263,29 +263,40 @@ def retries_counted(base):
         r'^decisio_client_retries_total\{retry="([^"]+)",route="/v1/systemone"\} (\S+)$', text, re.M)}
 
 
-def test_a_full_queue_is_retried_as_its_headers_say(caplog):
-    """A full queue (`--max-queue 1`: a long generation running, another
-    job waiting) answers System One 503 `overloaded_error` with
+@pytest.mark.parametrize("backend", ["mlx", "vllm"])
+def test_a_full_queue_is_retried_as_its_headers_say(backend, caplog, request):
+    """A full queue (`--max-queue 1`: a long generation running, on MLX
+    another job waiting) answers System One 503 `overloaded_error` with
     `Retry-After` and `retry-after-ms`; typesafe-sdk waits what they say
     (its own backoff would wait at most 0.5 s before its first retry), its
     retries carry `X-TypeSafe-Retry-Count`, which decisio counts, and the
     request is answered once the queue has room. A request over the context
-    is refused with a 4xx meanwhile, never a 503. On the MLX backend, whose
-    streamed generation holds the engine token by token until its client
-    hangs up; the vLLM backend's 503s go through the same error type and
-    middleware (tests/vllm_wait.rs checks their headers)."""
-    backend = "mlx"
-    proc, base = start_server(["--model", str(MODEL), "--max-queue", "1"])
+    is refused with a 4xx meanwhile, never a 503. The long generation holds
+    its place until its client hangs up: on MLX the engine streams it token
+    by token; the vLLM backend (in front of a real vLLM, whose jobs in
+    flight are its queue) reads it whole, and its client's hanging up
+    cancels it there."""
+    args = ["--model", str(MODEL), "--max-queue", "1"]
+    if backend == "vllm":
+        args += ["--backend", "vllm", "--upstream", request.getfixturevalue("real_vllm")]
+    proc, base = start_server(args)
     try:
         body = {"messages": [{"role": "user", "content": "Tell me a long story."}],
-                "max_tokens": 1500, "temperature": 0, "ignore_eos": True, "stream": True}
+                "max_tokens": 1500 if backend == "mlx" else 4000,  # held longer than the 2.5 s below
+                "temperature": 0, "ignore_eos": True, "stream": True}
         running = http.client.HTTPConnection(base.removeprefix("http://"), timeout=600)
         running.request("POST", "/v1/chat/completions", json.dumps(body),
                         {"Content-Type": "application/json"})
-        stream = running.getresponse()
-        assert stream.status == 200, stream.read()
-        while not stream.readline().startswith(b"data:"):  # the engine took it
-            pass
+        if backend == "mlx":
+            stream = running.getresponse()
+            assert stream.status == 200, stream.read()
+            while not stream.readline().startswith(b"data:"):  # the engine took it
+                pass
+        else:  # its answer comes whole at its end: wait for its place taken
+            deadline = time.time() + 60
+            while queue_depth(base) < 1:
+                assert time.time() < deadline, "the generation took no place"
+                time.sleep(0.05)
         waiting = threading.Thread(target=lambda: post_json(base, "/v1/chat/completions", {
             "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}))
         if backend == "mlx":  # the MLX queue holds one job beside the running one
