@@ -234,3 +234,14 @@ def run_dir(name):
     d = ROOT / "runs" / f"{day}_{name}"
     d.mkdir(parents=True, exist_ok=True)
     return d
+
+
+def paired_bars(bars, names, y, title, path):
+    """Draws `bars` ([{"name", "a", "b"}], `names` the two series) as a PNG
+    with the project's `paired_bars` example; False when it is not built."""
+    exe = DECISIO.parent / "examples" / "paired_bars"
+    if not exe.exists():
+        return False
+    spec = {"rows": bars, "names": names, "y": y, "title": title}
+    subprocess.run([str(exe), json.dumps(spec), str(path)], check=True)
+    return True

@@ -28,7 +28,6 @@ import http.client
 import itertools
 import json
 import select
-import subprocess
 import threading
 import time
 
@@ -219,13 +218,10 @@ def main():
               f"peak {rec['rss_mib']['peak']:.0f}, {rec['rss_mib']['after']:.0f} a second after "
               f"the engine's queue was empty (its client left at the phase's end; the queue was "
               f"empty {drained:.2f} s after the phase's last small request).", ""]
-    exe = common.DECISIO.parent / "examples" / "paired_bars"
-    if exe.exists():
-        bars = [{"name": f"{w} {q}", "a": rec["unloaded"][k][q] * 1e3, "b": rec["loaded"][k][q] * 1e3}
-                for k, w in (("small_s", "small"), ("health_s", "/health")) for q in ("p50", "p99")]
-        subprocess.run([str(exe), json.dumps({
-            "rows": bars, "names": ["unloaded", "beside the heavy request"], "y": "ms",
-            "title": "Latency beside a 256 x 255 request"}), str(out / "latency.png")], check=True)
+    bars = [{"name": f"{w} {q}", "a": rec["unloaded"][k][q] * 1e3, "b": rec["loaded"][k][q] * 1e3}
+            for k, w in (("small_s", "small"), ("health_s", "/health")) for q in ("p50", "p99")]
+    if common.paired_bars(bars, ["unloaded", "beside the heavy request"], "ms",
+                          "Latency beside a 256 x 255 request", out / "latency.png"):
         lines.append("`latency.png`: p50 and p99, unloaded and loaded, drawn by the paired_bars "
                      "example.")
     (out / "summary.md").write_text("\n".join(lines) + "\n")

@@ -30,7 +30,6 @@ import argparse
 import json
 import os
 import re
-import subprocess
 import time
 import urllib.request
 
@@ -141,14 +140,10 @@ def write(out, a, recs):
                   f"peak + cache cap + {PROCESS_MIB} MiB): {b['rss_bound_mib']:.0f} MiB; the "
                   f"largest resident peak {b['hwm_max_mib']:.0f}: "
                   f"{'kept' if b['kept'] else 'NOT kept'}.", ""]
-    exe = common.DECISIO.parent / "examples" / "paired_bars"
-    if exe.exists():
-        bars = [{"name": f"{name}, {r['questions']}x{r['orders']}", "a": r["mlx_peak_mib"],
-                 "b": r["hwm_mib"]} for name, rec in recs.items() for r in rec["rows"]]
-        subprocess.run([str(exe), json.dumps({
-            "rows": bars, "names": ["MLX peak", "resident peak"], "y": "MiB",
-            "title": "255-option questions: memory by request size"}), str(out / "memory.png")],
-            check=True)
+    bars = [{"name": f"{name}, {r['questions']}x{r['orders']}", "a": r["mlx_peak_mib"],
+             "b": r["hwm_mib"]} for name, rec in recs.items() for r in rec["rows"]]
+    if common.paired_bars(bars, ["MLX peak", "resident peak"], "MiB",
+                          "255-option questions: memory by request size", out / "memory.png"):
         lines.append("`memory.png`: MLX's peak and the resident peak per request, drawn by "
                      "the paired_bars example.")
     (out / "summary.md").write_text("\n".join(lines) + "\n")
