@@ -7,7 +7,8 @@ Builds every test target (`cargo test --release --locked --no-run`), then
 runs the binaries JOBS at a time (default 3 on 2 CPUs: most test time is a
 server starting, a registration or an upstream answering, not arithmetic),
 the longest first by the durations of the last run kept in FILE
-(`--times`, default `$CARGO_TARGET_DIR/test-times.json`). Each binary runs
+(`--times`, default `$CARGO_TARGET_DIR/test-times.json`; on a machine
+without one, those of `scripts/test-times.json`, committed from a CI run). Each binary runs
 in the package root with the environment cargo gives tests, its output
 kept in a log that is printed whole when it fails and summed up by its
 closing `test result:` line when it passes. FILTER arguments are passed to
@@ -87,10 +88,15 @@ def main():
     build_s = time.time() - started
     print(f"[tests] built {len(binaries)} test binaries in {build_s:.0f} s; running {a.jobs} at a time",
           flush=True)
-    try:
-        previous = json.loads(a.times.read_text())
-    except (OSError, ValueError):
-        previous = {}
+    # The last run's durations here, else those committed (a run on a
+    # fresh machine), so that the longest binaries start first.
+    previous = {}
+    for times in (a.times, ROOT / "scripts/test-times.json"):
+        try:
+            previous = json.loads(times.read_text())
+            break
+        except (OSError, ValueError):
+            continue
     binaries.sort(key=lambda b: -previous.get(b[0], 1e9))
     logs = Path(tempfile.mkdtemp(prefix="decisio-tests-"))
     lock = threading.Lock()
