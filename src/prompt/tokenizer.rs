@@ -21,6 +21,8 @@ struct Inner {
     byte_steps: Vec<ByteStep>,
     /// [`TextTokenizer::longest_token_bytes`], computed on first use.
     longest: std::sync::OnceLock<usize>,
+    /// [`TextTokenizer::shrink_bound`], read from the normalizer once.
+    shrink: Option<usize>,
 }
 
 impl std::fmt::Debug for TextTokenizer {
@@ -66,11 +68,18 @@ impl TextTokenizer {
             .and_then(|d| serde_json::to_value(d).ok())
             .map(|d| byte_steps(&d))
             .unwrap_or_default();
+        let normalizer = tokenizer.get_normalizer();
+        let shrink = match normalizer.and_then(|n| serde_json::to_value(n).ok()) {
+            None if normalizer.is_none() => Some(1),
+            None => None,
+            Some(n) => shrink_of(&n),
+        };
         TextTokenizer {
             inner: Arc::new(Inner {
                 tokenizer,
                 byte_steps,
                 longest: Default::default(),
+                shrink,
             }),
         }
     }
@@ -140,12 +149,7 @@ impl TextTokenizer {
     /// by the ratio of their lengths. `None` where no bound is known (a
     /// normalizer that may delete text, or a pattern).
     pub fn shrink_bound(&self) -> Option<usize> {
-        let normalizer = self.inner.tokenizer.get_normalizer();
-        match normalizer.and_then(|n| serde_json::to_value(n).ok()) {
-            None if normalizer.is_none() => Some(1),
-            None => None,
-            Some(n) => shrink_of(&n),
-        }
+        self.inner.shrink
     }
 
     /// Vocabulary size including added tokens (Python's `get_vocab_size()`).
