@@ -9,22 +9,19 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use mlx_rs::{ops, Array};
 use tokio::sync::{mpsc, oneshot};
 
-use super::cache::ModelCache;
 use super::error::{MlxError, MlxResult};
-use super::kept::{prompt_key, Kept, PromptIndex, Snapshot};
+use super::kept::{Kept, PromptIndex, Snapshot};
 use super::model::MlxModel;
 use super::options::{Device, MlxOptions};
 use super::passes::{self, Scoring};
-use super::sample::{self, Rng};
-use super::{fault, loader, memory};
+use super::whole::{embed_all, generate};
+use super::{loader, memory};
 use crate::engine::prefix_cache::PrefixCache;
 use crate::engine::{
-    Capabilities, EmbedReceiver, Engine, EngineError, EngineStatus, FinishReason, GenerateEvent,
-    GenerateRequest, GenerateStream, ModelInfo, ScoreReceiver, ScoreRequest, ScoreResult,
-    TokenLogprobs,
+    Capabilities, EmbedReceiver, Engine, EngineError, EngineStatus, GenerateEvent, GenerateRequest,
+    GenerateStream, ModelInfo, ScoreReceiver, ScoreRequest, ScoreResult,
 };
 use crate::model_config;
 
@@ -238,21 +235,17 @@ fn engine_thread(
                     prefix_cache: &prefix_cache,
                     prompts: &mut prompts,
                 };
-                let jobs = scoring.jobs();
                 match catch_unwind(AssertUnwindSafe(|| scoring.step(&mut e))) {
-                    Ok(Some(n)) => n,
-                    Ok(None) => {
+                    Ok((n, true)) => n,
+                    Ok((n, false)) => {
                         work.push_back(Work::Scoring(scoring));
-                        0
+                        n
                     }
-                    Err(panic) => {
-                        scoring.fail(crate::engine::panicked(&*panic));
-                        jobs
-                    }
+                    Err(panic) => scoring.fail(crate::engine::panicked(&*panic)),
                 }
             }
             Work::Whole(Job::Score { request, reply }) => {
-                work.push_back(Work::Scoring(Scoring::new(request, reply)));
+                work.push_back(Work::Scoring(Box::new(Scoring::new(request, reply))));
                 0
             }
             Work::Whole(Job::Generate { request, events }) => {
@@ -306,14 +299,14 @@ fn engine_thread(
 /// What the engine thread has in hand: a scoring job, read a step at a
 /// time, or a job run whole when its turn comes.
 enum Work {
-    Scoring(Scoring),
+    Scoring(Box<Scoring>),
     Whole(Job),
 }
 
 impl Work {
     fn of(job: Job) -> Self {
         match job {
-            Job::Score { request, reply } => Work::Scoring(Scoring::new(request, reply)),
+            Job::Score { request, reply } => Work::Scoring(Box::new(Scoring::new(request, reply))),
             other => Work::Whole(other),
         }
     }
@@ -330,222 +323,17 @@ fn admit(work: &mut VecDeque<Work>, job: Job, options: &MlxOptions) {
         });
         match same {
             Some(scoring) => scoring.join(request, reply, options),
-            None => work.push_back(Work::Scoring(Scoring::new(request, reply))),
+            None => work.push_back(Work::Scoring(Box::new(Scoring::new(request, reply)))),
         }
         return;
     }
     work.push_back(Work::of(job));
 }
 
-/// The hidden states of an embedding job's inputs, in order.
-fn embed_all(
-    model: &MlxModel,
-    options: &MlxOptions,
-    kept: Kept<'_>,
-    inputs: &[Vec<u32>],
-) -> Result<Vec<Vec<f32>>, EngineError> {
-    inputs
-        .iter()
-        .map(|ids| {
-            let kept = Kept {
-                cache: kept.cache,
-                index: &mut *kept.index,
-            };
-            embed_one(model, options, kept, ids)
-                .map_err(|e| EngineError::computation(e.to_string()))
-        })
-        .collect()
-}
-
-/// The final norm's output at the last position of `ids`, as float32: the
-/// prompt is continued from the longest kept prompt it extends (as a
-/// decision's question continues its state) or prefilled from position 0
-/// and kept (as a decision prefills its state), so that the embedding of a
-/// state and then of the state and a question gives the bits of the
-/// decision's hidden state.
-fn embed_one(
-    model: &MlxModel,
-    options: &MlxOptions,
-    kept: Kept<'_>,
-    ids: &[u32],
-) -> MlxResult<Vec<f32>> {
-    let (last, _) = prefill_prompt(model, options, kept, ids)?;
-    let v = ops::reshape(last.as_type::<f32>()?, &[-1])?;
-    v.eval()?;
-    Ok(v.as_slice::<f32>().to_vec())
-}
-
-/// Copies a `[.., V]` float32 array with one row out to the host.
-fn host_row(a: &Array) -> MlxResult<Vec<f32>> {
-    a.eval()?;
-    Ok(a.as_slice::<f32>().to_vec())
-}
-
-/// The last hidden state of `prompt` and the caches after it: the same
-/// prompt kept before (as vLLM's prefix cache answers a prompt sent again:
-/// a vLLM-backend gateway reads more letter ids than one request carries
-/// in several requests on one prompt), else continued from the longest kept
-/// prompt it extends (its rest run as a decision runs a question's suffix),
-/// else prefilled from position 0 as a decision prefills a state; then kept
-/// for later prompts.
-fn prefill_prompt(
-    model: &MlxModel,
-    options: &MlxOptions,
-    kept: Kept<'_>,
-    prompt: &[u32],
-) -> MlxResult<(Array, ModelCache)> {
-    let key = prompt_key(prompt);
-    if let Some(snapshot) = kept.cache.peek(&key) {
-        if let Some(last) = &snapshot.last {
-            tracing::debug!("completion of {} tokens: a kept prompt", prompt.len());
-            return Ok((last.clone(), snapshot.cache.clone()));
-        }
-    }
-    let continued = kept
-        .index
-        .prefixes_of(prompt)
-        .into_iter()
-        .find_map(|(len, key)| {
-            let snapshot = kept.cache.peek(&key)?;
-            Some((len, snapshot.cache.clone()))
-        });
-    let (last, cache) = match continued {
-        Some((len, cache)) => {
-            tracing::debug!(
-                "completion of {} tokens continues a kept prompt of {len}",
-                prompt.len()
-            );
-            // As a decision reads a question on its state.
-            model.continue_state(&cache, &prompt[len..], options.prefill_chunk)?
-        }
-        None => {
-            tracing::debug!("completion of {} tokens: no kept prompt", prompt.len());
-            let mut cache = model.new_cache();
-            let last = model.prefill(prompt, &mut cache, options.prefill_chunk)?;
-            (last, cache)
-        }
-    };
-    cache.eval()?;
-    if kept.cache.enabled() {
-        last.eval()?;
-        if kept.cache.insert(
-            key,
-            Arc::new(Snapshot::of_prompt(cache.clone(), last.clone())),
-        ) {
-            kept.index.record(prompt, key);
-        }
-    }
-    Ok((last, cache))
-}
-
-fn generate(
-    model: &MlxModel,
-    options: &MlxOptions,
-    kept: Kept<'_>,
-    request: &GenerateRequest,
-    events: &mpsc::Sender<Result<GenerateEvent, EngineError>>,
-) -> MlxResult<()> {
-    fault::hook();
-    // An event no client takes: the generation stops, its client gone.
-    let send = |e: GenerateEvent| {
-        let taken = events.blocking_send(Ok(e)).is_ok();
-        if !taken {
-            options.metrics.abandoned_jobs.inc();
-        }
-        taken
-    };
-    let (mut hidden, mut cache) = if let Some(k) = request.prompt_logprobs {
-        let mut cache = model.new_cache();
-        let (last, lps) = prompt_logprobs(model, &request.prompt, &mut cache, k, options)?;
-        if !send(GenerateEvent::Prompt(lps)) {
-            return Ok(());
-        }
-        (last, cache)
-    } else {
-        prefill_prompt(model, options, kept, &request.prompt)?
-    };
-    let mut rng = request
-        .sampling
-        .seed
-        .map_or_else(Rng::from_entropy, Rng::new);
-    for step in 0..request.max_tokens {
-        if events.is_closed() {
-            options.metrics.abandoned_jobs.inc();
-            return Ok(());
-        }
-        let row = host_row(&model.log_softmax(&hidden)?)?;
-        let token = sample::pick(&row, &request.sampling, &mut rng);
-        let logprobs = request.logprobs.map(|k| {
-            if request.logprob_token_ids.is_empty() {
-                sample::token_logprobs(&row, token, k)
-            } else {
-                sample::named_logprobs(&row, token, &request.logprob_token_ids)
-            }
-        });
-        if request.stop_token_ids.contains(&token) {
-            // A generated token like any other, as vLLM counts and lists
-            // it; the route adds no text for it.
-            if send(GenerateEvent::StopToken {
-                id: token,
-                logprobs,
-            }) {
-                send(GenerateEvent::Finished(FinishReason::Stop));
-            }
-            return Ok(());
-        }
-        if !send(GenerateEvent::Token {
-            id: token,
-            logprobs,
-        }) {
-            return Ok(());
-        }
-        if step + 1 < request.max_tokens {
-            hidden = model.last_hidden(&[token], &mut cache)?;
-        }
-    }
-    send(GenerateEvent::Finished(FinishReason::Length));
-    Ok(())
-}
-
-/// Reads the prompt in chunks, recording each token's log-probability given
-/// the tokens before it, and returns the last hidden state.
-fn prompt_logprobs(
-    model: &MlxModel,
-    prompt: &[u32],
-    cache: &mut ModelCache,
-    k: usize,
-    options: &MlxOptions,
-) -> MlxResult<(Array, Vec<Option<TokenLogprobs>>)> {
-    let mut out: Vec<Option<TokenLogprobs>> = vec![None];
-    let mut last = None;
-    let chunk = options.prefill_chunk.clamp(1, 256);
-    for (c, part) in prompt.chunks(chunk).enumerate() {
-        let h = model.hidden(part, cache)?;
-        let lp = model.log_softmax(&h)?;
-        lp.eval()?;
-        let v = lp.shape()[2] as usize;
-        let rows = lp.as_slice::<f32>();
-        for (i, row) in rows.chunks(v).enumerate() {
-            let next = c * chunk + i + 1;
-            if let Some(&token) = prompt.get(next) {
-                out.push(Some(sample::token_logprobs(row, token, k)));
-            }
-        }
-        let n = h.shape()[1];
-        last = Some(ops::indexing::take_axis(
-            &h,
-            Array::from_slice(&[n - 1], &[1]),
-            1,
-        )?);
-        cache.eval()?;
-    }
-    let last = last.ok_or_else(|| MlxError::Config("an empty prompt has no next token".into()))?;
-    Ok((last, out))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::mlx::fault;
     use crate::engine::{MultiQuestion, QuestionTokens, StateHash};
     use crate::metrics::Metrics;
 
@@ -559,8 +347,12 @@ mod tests {
             })
     }
 
-    #[test]
-    fn a_job_that_panics_fails_alone_and_the_engine_serves_on() {
+    /// The engine tests one at a time: the fault hook is the process's.
+    static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+    /// An engine on the fixture model, ready, reading `prefill_chunk`
+    /// tokens a chunk.
+    fn ready_engine(prefill_chunk: usize) -> MlxEngine {
         let dir = fixture();
         assert!(
             dir.join("config.json").exists(),
@@ -571,7 +363,7 @@ mod tests {
             prefix_cache_mib: 64,
             metrics: Arc::new(Metrics::new()),
             max_queue: 4,
-            prefill_chunk: 512,
+            prefill_chunk,
             pass_tokens: 4096,
             answers_per_state: 8,
         };
@@ -581,20 +373,35 @@ mod tests {
             assert!(started.elapsed().as_secs() < 120, "{:?}", engine.status());
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
-        let prefix: Vec<u32> = (100..140).collect();
-        let request = || ScoreRequest {
-            state: StateHash::new("fixture", "tokenizer", "none", &prefix),
-            prefix: prefix.clone(),
-            questions: vec![QuestionTokens {
-                suffix: vec![200, 201, 202],
-                read: vec![32, 33],
-            }],
+        engine
+    }
+
+    /// A scoring request of `questions` (suffix, ids read) on `prefix`.
+    fn scoring(prefix: &[u32], questions: &[(Vec<u32>, Vec<u32>)]) -> ScoreRequest {
+        ScoreRequest {
+            state: StateHash::new("fixture", "tokenizer", "none", prefix),
+            prefix: prefix.to_vec(),
+            questions: questions
+                .iter()
+                .map(|(suffix, read)| QuestionTokens {
+                    suffix: suffix.clone(),
+                    read: read.clone(),
+                })
+                .collect(),
             hidden: false,
             hidden_layer: None,
             mode: MultiQuestion::Sequential,
             cache: true,
             packed: None,
-        };
+        }
+    }
+
+    #[test]
+    fn a_job_that_panics_fails_alone_and_the_engine_serves_on() {
+        let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+        let engine = ready_engine(512);
+        let prefix: Vec<u32> = (100..140).collect();
+        let request = || scoring(&prefix, &[(vec![200, 201, 202], vec![32, 33])]);
         let score = |r: ScoreRequest| engine.score(r).unwrap().blocking_recv().unwrap();
 
         fault::FAULT.store(true, Ordering::SeqCst);
@@ -643,6 +450,54 @@ mod tests {
             "{ran:?}"
         );
         drained();
+    }
+
+    /// A question longer than a chunk is read a chunk a step: requests
+    /// sent after it, on its state (joining it) and on another state in
+    /// cache (in one turn: its look-up and its pass), are answered while
+    /// it is still read, and the long question gets the bits of its pass
+    /// read in one call.
+    #[test]
+    fn a_long_question_takes_turns_a_chunk_at_a_time() {
+        let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+        let chunk = 32;
+        let engine = ready_engine(chunk);
+        let prefix: Vec<u32> = (100..140).collect();
+        let other: Vec<u32> = (300..340).collect();
+        let small = |prefix: &[u32]| scoring(prefix, &[(vec![200, 201, 202], vec![32, 33])]);
+        let long_suffix: Vec<u32> = (1000..1000 + 60 * chunk as u32).collect();
+        let long = scoring(&prefix, &[(long_suffix.clone(), vec![32, 33, 34])]);
+        // Both states in cache first.
+        for state in [&prefix, &other] {
+            let first = engine.score(small(state)).unwrap().blocking_recv().unwrap();
+            assert!(!first.unwrap().cached);
+        }
+
+        let mut long_reply = engine.score(long).unwrap();
+        for state in [&other, &prefix] {
+            let quick = engine.score(small(state)).unwrap().blocking_recv().unwrap();
+            assert!(quick.unwrap().cached);
+            assert!(
+                matches!(
+                    long_reply.try_recv(),
+                    Err(oneshot::error::TryRecvError::Empty)
+                ),
+                "the long question was read before a small request's turn"
+            );
+        }
+        let long = long_reply.blocking_recv().unwrap().unwrap();
+
+        // The oracle: the same chunks read in one call on the fixture.
+        let model = MlxModel::load(&fixture()).unwrap();
+        let mut state = model.new_cache();
+        model.prefill(&prefix, &mut state, chunk).unwrap();
+        state.eval().unwrap();
+        let want = model
+            .read_question(&long_suffix, &state, chunk, &[32, 33, 34], false, None)
+            .unwrap();
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&long.questions[0].logits), bits(&want.logits));
+        assert_eq!(bits(&long.questions[0].logprobs), bits(&want.logprobs));
     }
 
     #[test]

@@ -30,8 +30,9 @@
 //!   (its config beside it, in `gemma4/config.rs`);
 //! - the CPU: [`host`] (host kernels for MLX's slow CPU ops), [`profile`]
 //!   (where a pass spends its time), [`graph`] (op counts);
-//! - serving: `engine` (the engine thread and its jobs), `passes` (a
-//!   state's questions read in passes, and jobs merged), `kept` (the
+//! - serving: `engine` (the engine thread and its turns), `passes` (a
+//!   state's questions read in passes, and jobs merged), `whole` (jobs run
+//!   whole: completions and embeddings), `kept` (the
 //!   prefix cache's snapshots and the index of kept prompts), [`sample`]
 //!   (choosing a token), [`memory`] (MLX's memory limits);
 //! - `error`: [`MlxError`].
@@ -58,6 +59,7 @@ pub mod profile;
 pub mod qwen3_5;
 pub mod sample;
 pub mod switch;
+mod whole;
 
 pub use self::architecture::Architecture;
 pub use self::engine::MlxEngine;

@@ -44,6 +44,40 @@ pub struct Reading {
     pub hidden: Option<Vec<f32>>,
 }
 
+/// A pass of question rows in progress ([`MlxModel::begin_rows`]): the
+/// question cache so far, each row's last hidden states once its last
+/// token is read, and the next column.
+pub struct RowPass {
+    cache: ModelCache,
+    picked: Vec<Option<(Array, Option<Array>)>>,
+    start: usize,
+    width: usize,
+    tap: Option<usize>,
+}
+
+impl RowPass {
+    /// Each row's final hidden state at its last token (`[B, D]`), block
+    /// `tap`'s there, and the question cache, once every column is read.
+    pub fn finish(self) -> MlxResult<(LastHidden, ModelCache)> {
+        if self.start < self.width {
+            return Err(MlxError::Config(
+                "a pass was finished before it was read".into(),
+            ));
+        }
+        let picked: Vec<(Array, Option<Array>)> = self.picked.into_iter().flatten().collect();
+        let normed: Vec<&Array> = picked.iter().map(|(n, _)| n).collect();
+        let normed = ops::concatenate(&normed, 0)?;
+        let tap = match self.tap {
+            Some(_) => {
+                let taps: Vec<&Array> = picked.iter().filter_map(|(_, t)| t.as_ref()).collect();
+                Some(ops::concatenate(&taps, 0)?)
+            }
+            None => None,
+        };
+        Ok((LastHidden { normed, tap }, self.cache))
+    }
+}
+
 /// A loaded model: forward passes over token ids with a cache.
 pub struct MlxModel {
     arch: Box<dyn Architecture>,
@@ -115,71 +149,86 @@ impl MlxModel {
         chunk: usize,
         tap: Option<usize>,
     ) -> MlxResult<(LastHidden, ModelCache)> {
+        let mut pass = self.begin_rows(state, rows, tap)?;
+        while !self.read_chunk(&mut pass, rows, chunk)? {}
+        pass.finish()
+    }
+
+    /// A pass of `rows` on `state` ([`MlxModel::read_rows`]) not read yet:
+    /// [`MlxModel::read_chunk`] reads it a column chunk at a time, so the
+    /// engine thread can take turns between chunks of a long question.
+    pub fn begin_rows(
+        &self,
+        state: &ModelCache,
+        rows: &[&[u32]],
+        tap: Option<usize>,
+    ) -> MlxResult<RowPass> {
         self.check_tap(tap)?;
         if rows.is_empty() || rows.iter().any(|r| r.is_empty()) {
             return Err(MlxError::Config(
                 "an empty question has no next token".into(),
             ));
         }
-        let b = rows.len();
-        let width = rows.iter().map(|r| r.len()).max().unwrap_or(0);
-        let mut cache = state.for_questions(b)?;
-        let chunk = chunk.max(1);
-        // Each row's last hidden states, picked in the chunk that holds
-        // its last token, in row order at the end.
-        let mut picked: Vec<Option<(Array, Option<Array>)>> = vec![None; b];
-        let mut start = 0;
-        while start < width {
-            let cols = chunk.min(width - start);
-            let mut ids = Vec::with_capacity(b * cols);
-            for r in rows {
-                // Right padding (token 0) past a row's end: no real token
-                // of the row attends to it.
-                ids.extend((start..start + cols).map(|c| r.get(c).copied().unwrap_or(0)));
-            }
-            let ids = Array::from_slice(&ids, &[b as i32, cols as i32]);
-            let (h, tapped) = self.arch.hidden(&ids, &mut cache, tap)?;
-            cache.advance(cols);
-            let ending: Vec<(usize, i32)> = rows
-                .iter()
-                .enumerate()
-                .filter(|(_, r)| (start..start + cols).contains(&(r.len() - 1)))
-                .map(|(i, r)| (i, (i * cols + r.len() - 1 - start) as i32))
-                .collect();
-            if !ending.is_empty() {
-                let at: Vec<i32> = ending.iter().map(|&(_, at)| at).collect();
-                let at = Array::from_slice(&at, &[at.len() as i32]);
-                let pick = |a: &Array| -> MlxResult<Array> {
-                    let flat = ops::reshape(a, &[(b * cols) as i32, -1])?;
-                    Ok(ops::indexing::take_axis(&flat, &at, 0)?)
-                };
-                let normed = pick(&h)?;
-                let tapped = tapped.as_ref().map(pick).transpose()?;
-                let mut arrays = vec![&normed];
-                arrays.extend(tapped.iter());
-                mlx_rs::transforms::eval(arrays)?;
-                for (n, &(row, _)) in ending.iter().enumerate() {
-                    let one = Array::from_slice(&[n as i32], &[1]);
-                    let take = |a: &Array| -> MlxResult<Array> {
-                        Ok(ops::indexing::take_axis(a, &one, 0)?)
-                    };
-                    picked[row] = Some((take(&normed)?, tapped.as_ref().map(take).transpose()?));
-                }
-            }
-            cache.eval()?;
-            start += cols;
+        Ok(RowPass {
+            cache: state.for_questions(rows.len())?,
+            picked: vec![None; rows.len()],
+            start: 0,
+            width: rows.iter().map(|r| r.len()).max().unwrap_or(0),
+            tap,
+        })
+    }
+
+    /// Reads the next column chunk (at most `chunk` tokens of every row)
+    /// of `pass`, begun on the same `rows`; true once every column is
+    /// read. The chunks are the same however many steps they take, so
+    /// the answers are the same bits.
+    pub fn read_chunk(&self, pass: &mut RowPass, rows: &[&[u32]], chunk: usize) -> MlxResult<bool> {
+        let (b, start) = (rows.len(), pass.start);
+        if b != pass.picked.len() {
+            return Err(MlxError::Config(
+                "a pass read on other rows than it began".into(),
+            ));
         }
-        let picked: Vec<(Array, Option<Array>)> = picked.into_iter().flatten().collect();
-        let normed: Vec<&Array> = picked.iter().map(|(n, _)| n).collect();
-        let normed = ops::concatenate(&normed, 0)?;
-        let tap = match tap {
-            Some(_) => {
-                let taps: Vec<&Array> = picked.iter().filter_map(|(_, t)| t.as_ref()).collect();
-                Some(ops::concatenate(&taps, 0)?)
+        let cols = chunk.max(1).min(pass.width - start);
+        let mut ids = Vec::with_capacity(b * cols);
+        for r in rows {
+            // Right padding (token 0) past a row's end: no real token
+            // of the row attends to it.
+            ids.extend((start..start + cols).map(|c| r.get(c).copied().unwrap_or(0)));
+        }
+        let ids = Array::from_slice(&ids, &[b as i32, cols as i32]);
+        let (h, tapped) = self.arch.hidden(&ids, &mut pass.cache, pass.tap)?;
+        pass.cache.advance(cols);
+        // Each row's last hidden states, picked in the chunk that holds
+        // its last token.
+        let ending: Vec<(usize, i32)> = rows
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| (start..start + cols).contains(&(r.len() - 1)))
+            .map(|(i, r)| (i, (i * cols + r.len() - 1 - start) as i32))
+            .collect();
+        if !ending.is_empty() {
+            let at: Vec<i32> = ending.iter().map(|&(_, at)| at).collect();
+            let at = Array::from_slice(&at, &[at.len() as i32]);
+            let pick = |a: &Array| -> MlxResult<Array> {
+                let flat = ops::reshape(a, &[(b * cols) as i32, -1])?;
+                Ok(ops::indexing::take_axis(&flat, &at, 0)?)
+            };
+            let normed = pick(&h)?;
+            let tapped = tapped.as_ref().map(pick).transpose()?;
+            let mut arrays = vec![&normed];
+            arrays.extend(tapped.iter());
+            mlx_rs::transforms::eval(arrays)?;
+            for (n, &(row, _)) in ending.iter().enumerate() {
+                let one = Array::from_slice(&[n as i32], &[1]);
+                let take =
+                    |a: &Array| -> MlxResult<Array> { Ok(ops::indexing::take_axis(a, &one, 0)?) };
+                pass.picked[row] = Some((take(&normed)?, tapped.as_ref().map(take).transpose()?));
             }
-            None => None,
-        };
-        Ok((LastHidden { normed, tap }, cache))
+        }
+        pass.cache.eval()?;
+        pass.start += cols;
+        Ok(pass.start >= pass.width)
     }
 
     /// `suffix` continuing the state `state` as a question does (a pass of
@@ -212,6 +261,19 @@ impl MlxModel {
     ) -> MlxResult<Vec<Reading>> {
         let tap = tap.filter(|_| hidden);
         let (last, _) = self.read_rows(state, suffixes, chunk, tap)?;
+        self.readings(&last, reads, hidden)
+    }
+
+    /// What the rows of a pass read ([`MlxModel::read_rows`]) give at
+    /// their last positions: the float32 logits of each row's ids
+    /// `reads[i]`, their log-probabilities over the vocabulary, and with
+    /// `hidden` the final norm's output (or the tapped block's).
+    pub fn readings(
+        &self,
+        last: &LastHidden,
+        reads: &[&[u32]],
+        hidden: bool,
+    ) -> MlxResult<Vec<Reading>> {
         let logits = self.logits(&last.normed)?.as_type::<f32>()?;
         let v = logits.shape()[1];
         let norm = ops::reshape(&ops::logsumexp_axis(&logits, -1, false)?, &[-1])?;

@@ -2,8 +2,10 @@
 //! prefix cache or read chunk by chunk, then its questions read together as
 //! the rows of as few passes as `--pass-tokens` allows; jobs of several
 //! clients on one state join one [`Scoring`] and share its passes. Each
-//! [`Scoring::step`] is one chunk of the state or one pass, so the engine
-//! thread can take turns between clients (`engine.rs`).
+//! [`Scoring::step`] is one chunk of the state or one column chunk of a
+//! pass (a whole pass of short questions; a question longer than a chunk
+//! over several steps), so the engine thread can take turns between
+//! clients (`engine.rs`).
 //! `docs/design/mlx-backend.md`, "One pass for a state's questions".
 
 use std::collections::VecDeque;
@@ -15,7 +17,7 @@ use tokio::sync::oneshot;
 use super::cache::ModelCache;
 use super::error::{MlxError, MlxResult};
 use super::kept::{answer_key, PromptIndex, Snapshot};
-use super::model::MlxModel;
+use super::model::{MlxModel, RowPass};
 use super::options::MlxOptions;
 use crate::engine::prefix_cache::{PrefixCache, StateHash};
 use crate::engine::{EngineError, QuestionScore, ScoreRequest, ScoreResult};
@@ -35,12 +37,19 @@ pub(super) struct Engine<'a> {
 /// request's, in the order the jobs joined.
 pub(super) struct Scoring {
     request: ScoreRequest,
-    /// Each job: how many of the merged questions are its own, where its
-    /// answer goes, and whether it joined (its state then read for the
-    /// job it joined: to it, a state found, as a look-up of the prefix
-    /// cache finds one).
-    jobs: Vec<(usize, Reply, bool)>,
+    /// The jobs not answered yet, in the order they joined.
+    jobs: Vec<Client>,
     stage: Stage,
+}
+
+/// One job in a scoring.
+struct Client {
+    /// Its questions among the merged ones.
+    questions: std::ops::Range<usize>,
+    reply: Reply,
+    /// Whether it joined: its state then read for the job it joined (to
+    /// it, a state found, as a look-up of the prefix cache finds one).
+    joined: bool,
 }
 
 enum Stage {
@@ -62,8 +71,13 @@ struct Questions {
     /// Each merged question's key among the state's remembered answers.
     keys: Vec<[u8; 32]>,
     out: Vec<Option<QuestionScore>>,
-    /// The passes still to read, as indices of merged questions.
-    passes: VecDeque<Vec<usize>>,
+    /// The passes still to read, as indices of merged questions: each
+    /// job's own, the jobs taking them in turn (a job that joined a long
+    /// one waits for one of its passes, not all of them).
+    passes: VecDeque<VecDeque<Vec<usize>>>,
+    /// The pass being read, a column chunk a step, and the seconds its
+    /// steps took so far.
+    reading: Option<(Vec<usize>, RowPass, f64)>,
 }
 
 impl Scoring {
@@ -71,7 +85,11 @@ impl Scoring {
         let n = request.questions.len();
         Scoring {
             request,
-            jobs: vec![(n, reply, false)],
+            jobs: vec![Client {
+                questions: 0..n,
+                reply,
+                joined: false,
+            }],
             stage: Stage::State {
                 cache: None,
                 read: 0,
@@ -99,18 +117,24 @@ impl Scoring {
             options.metrics.prefix_cache_hits.inc();
         }
         let from = self.request.questions.len();
-        self.jobs.push((request.questions.len(), reply, true));
+        self.jobs.push(Client {
+            questions: from..from + request.questions.len(),
+            reply,
+            joined: true,
+        });
         self.request.questions.extend(request.questions);
         if let Stage::Questions(q) = &mut self.stage {
             q.plan(&self.request, from, options);
         }
     }
 
-    /// One step: a chunk of the state, or one pass of questions. Returns
-    /// the jobs answered when the scoring ended (answered, failed, or
-    /// abandoned by every client), `None` while work remains.
-    pub fn step(&mut self, e: &mut Engine<'_>) -> Option<usize> {
-        if self.jobs.iter().all(|(_, reply, _)| reply.is_closed()) {
+    /// One step: a chunk of the state, or a column chunk of a pass of
+    /// questions. Returns the jobs it ended (answered, failed, or
+    /// abandoned by every client) and whether the scoring ended: a job
+    /// whose questions are read is answered at once, before the jobs it
+    /// joined.
+    pub fn step(&mut self, e: &mut Engine<'_>) -> (usize, bool) {
+        if self.jobs.iter().all(|job| job.reply.is_closed()) {
             // Every client left: the work stops here, within one chunk
             // or pass; a state read whole stays in the prefix cache, and
             // one read in part is kept for the next request on it.
@@ -119,31 +143,28 @@ impl Scoring {
                 .abandoned_jobs
                 .inc_by(self.jobs.len() as u64);
             self.keep_partial(e);
-            return Some(self.jobs.len());
+            return (std::mem::take(&mut self.jobs).len(), true);
         }
         super::fault::hook();
         match self.advance(e) {
-            Ok(false) => None,
-            Ok(true) => {
-                // The figures a client may read once answered.
-                super::memory::export(&e.options.metrics);
-                Some(self.answer())
+            Ok(ended) => {
+                let answered = self.answer(ended);
+                if answered > 0 {
+                    // The figures a client may read once answered.
+                    super::memory::export(&e.options.metrics);
+                }
+                (answered, ended)
             }
-            Err(err) => Some(self.fail(EngineError::computation(err.to_string()))),
+            Err(err) => (self.fail(EngineError::computation(err.to_string())), true),
         }
-    }
-
-    /// The jobs in this scoring.
-    pub fn jobs(&self) -> usize {
-        self.jobs.len()
     }
 
     /// Answers every job not answered yet `error` (a step failed, or
     /// panicked); returns how many there were.
     pub fn fail(&mut self, error: EngineError) -> usize {
         let n = self.jobs.len();
-        for (_, reply, _) in self.jobs.drain(..) {
-            let _ = reply.send(Err(error.clone()));
+        for job in self.jobs.drain(..) {
+            let _ = job.reply.send(Err(error.clone()));
         }
         n
     }
@@ -167,7 +188,13 @@ impl Scoring {
                         self.stage = Stage::Questions(Questions::new(
                             snapshot, true, None, request, e.options,
                         ));
-                        return Ok(self.done());
+                        // A look-up is no step of its own: the turn goes
+                        // on to the first pass, so a request on a state in
+                        // cache waits for one turn, not two.
+                        return match self.done() {
+                            true => Ok(true),
+                            false => self.advance(e),
+                        };
                     }
                     if request.prefix.is_empty() {
                         return Err(MlxError::Config("an empty prompt has no next token".into()));
@@ -212,8 +239,8 @@ impl Scoring {
                 Ok(self.done())
             }
             Stage::Questions(q) => {
-                q.read_pass(e.model, e.options, request)?;
-                Ok(q.passes.is_empty())
+                q.read_step(e.model, e.options, request)?;
+                Ok(q.is_read())
             }
         }
     }
@@ -237,28 +264,38 @@ impl Scoring {
     }
 
     fn done(&self) -> bool {
-        matches!(&self.stage, Stage::Questions(q) if q.passes.is_empty())
+        matches!(&self.stage, Stage::Questions(q) if q.is_read())
     }
 
-    /// Answers every job with its own questions; returns how many.
-    fn answer(&mut self) -> usize {
-        let Stage::Questions(q) = &mut self.stage else {
+    /// Answers each job whose questions are all read (every job once
+    /// `ended`: a question still unread is then an error); returns how
+    /// many it answered.
+    fn answer(&mut self, ended: bool) -> usize {
+        let Stage::Questions(q) = &self.stage else {
             return 0;
         };
-        let n = self.jobs.len();
-        let mut scores = q.finish().into_iter();
-        for (count, reply, joined) in self.jobs.drain(..) {
-            let mine: Option<Vec<QuestionScore>> = scores.by_ref().take(count).collect();
-            let _ = reply.send(match mine {
+        let cache = self.request.cache;
+        let before = self.jobs.len();
+        let mut waiting = Vec::new();
+        for job in self.jobs.drain(..) {
+            let scores: Option<Vec<QuestionScore>> =
+                job.questions.clone().map(|i| q.score_of(i)).collect();
+            let result = match scores {
                 Some(questions) => Ok(ScoreResult {
-                    cached: q.cached || (joined && self.request.cache),
-                    new_state_seconds: q.new_state_seconds.filter(|_| !joined),
+                    cached: q.cached || (job.joined && cache),
+                    new_state_seconds: q.new_state_seconds.filter(|_| !job.joined),
                     questions,
                 }),
-                None => Err(EngineError::Model("a question was not read".into())),
-            });
+                None if ended => Err(EngineError::Model("a question was not read".into())),
+                None => {
+                    waiting.push(job);
+                    continue;
+                }
+            };
+            let _ = job.reply.send(result);
         }
-        n
+        self.jobs = waiting;
+        before - self.jobs.len()
     }
 }
 
@@ -299,6 +336,7 @@ impl Questions {
             keys: Vec::new(),
             out: Vec::new(),
             passes: VecDeque::new(),
+            reading: None,
         };
         q.plan(request, 0, options);
         q
@@ -322,6 +360,8 @@ impl Questions {
             .passes
             .iter()
             .flatten()
+            .chain(self.reading.iter().map(|(pass, _, _)| pass))
+            .flatten()
             .map(|&i| self.keys[i])
             .collect();
         let mut todo: Vec<usize> = Vec::new();
@@ -341,35 +381,57 @@ impl Questions {
         drop(answers);
         todo.sort_by_key(|&i| request.questions[i].suffix.len());
         let len = |i: usize| request.questions[i].suffix.len();
-        self.passes
-            .extend(plan_passes(&todo, len, options.pass_tokens));
+        let passes: VecDeque<Vec<usize>> = plan_passes(&todo, len, options.pass_tokens).into();
+        if !passes.is_empty() {
+            self.passes.push_back(passes);
+        }
     }
 
-    /// Reads the next pass. A question's `seconds` is its share of it.
-    fn read_pass(
+    /// Whether every planned pass is read.
+    fn is_read(&self) -> bool {
+        self.passes.is_empty() && self.reading.is_none()
+    }
+
+    /// Reads the next column chunk of the pass in hand, or of the next
+    /// pass; a pass read whole answers its questions. A question's
+    /// `seconds` is its share of its pass's steps.
+    fn read_step(
         &mut self,
         model: &MlxModel,
         options: &MlxOptions,
         request: &ScoreRequest,
     ) -> MlxResult<()> {
-        let Some(pass) = self.passes.pop_front() else {
-            return Ok(());
-        };
         let started = Instant::now();
         let asked = |i: &usize| &request.questions[*i];
+        let (pass, mut rows, seconds) = match self.reading.take() {
+            Some(reading) => reading,
+            None => {
+                let Some(mut theirs) = self.passes.pop_front() else {
+                    return Ok(());
+                };
+                let Some(pass) = theirs.pop_front() else {
+                    return Ok(());
+                };
+                if !theirs.is_empty() {
+                    self.passes.push_back(theirs);
+                }
+                let suffixes: Vec<&[u32]> = pass.iter().map(|i| &asked(i).suffix[..]).collect();
+                let tap = request.hidden_layer.filter(|_| request.hidden);
+                let rows = model.begin_rows(&self.snapshot.cache, &suffixes, tap)?;
+                (pass, rows, 0.0)
+            }
+        };
         let suffixes: Vec<&[u32]> = pass.iter().map(|i| &asked(i).suffix[..]).collect();
+        let read = model.read_chunk(&mut rows, &suffixes, options.prefill_chunk)?;
+        if !read {
+            self.reading = Some((pass, rows, seconds + started.elapsed().as_secs_f64()));
+            return Ok(());
+        }
+        let (last, _) = rows.finish()?;
         let reads: Vec<&[u32]> = pass.iter().map(|i| &asked(i).read[..]).collect();
-        let tap = request.hidden_layer.filter(|_| request.hidden);
-        let readings = model.read_questions(
-            &self.snapshot.cache,
-            &suffixes,
-            &reads,
-            options.prefill_chunk,
-            request.hidden,
-            tap,
-        )?;
+        let readings = model.readings(&last, &reads, request.hidden)?;
         options.metrics.question_passes.inc();
-        let seconds = started.elapsed().as_secs_f64() / pass.len() as f64;
+        let seconds = (seconds + started.elapsed().as_secs_f64()) / pass.len() as f64;
         let mut answers = lock(&self.snapshot.answers);
         for (&i, reading) in pass.iter().zip(readings) {
             let score = QuestionScore {
@@ -387,22 +449,19 @@ impl Questions {
         Ok(())
     }
 
-    /// Every merged question's scores, in order: a question asked again
-    /// gets the first one's.
-    fn finish(&mut self) -> Vec<Option<QuestionScore>> {
-        for i in 0..self.out.len() {
-            if self.out[i].is_none() {
-                let first = (0..i).find(|&j| self.keys[j] == self.keys[i] && self.out[j].is_some());
-                self.out[i] = first
-                    .and_then(|j| self.out[j].clone())
-                    .map(|known| QuestionScore {
-                        seconds: 0.0,
-                        memoised: true,
-                        ..known
-                    });
-            }
+    /// Merged question `i`'s scores once read: its own, or those of the
+    /// same question asked in another place (then memoised).
+    fn score_of(&self, i: usize) -> Option<QuestionScore> {
+        if let Some(score) = &self.out[i] {
+            return Some(score.clone());
         }
-        std::mem::take(&mut self.out)
+        let same =
+            (0..self.out.len()).find(|&j| self.keys[j] == self.keys[i] && self.out[j].is_some())?;
+        self.out[same].clone().map(|known| QuestionScore {
+            seconds: 0.0,
+            memoised: true,
+            ..known
+        })
     }
 }
 
