@@ -291,3 +291,116 @@ fn an_abstention_task_is_fitted_served_kept_and_removed() {
     drop(s);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The examples, `rounds` times over, each message made new (so that no
+/// answer is remembered from another).
+fn many(id: &str, rounds: usize) -> Value {
+    let examples: Vec<Value> = (0..rounds)
+        .flat_map(|n| {
+            examples().into_iter().map(move |(m, a)| {
+                json!({"request": request(&format!("{m} (case {n})"), question(UNSURE)), "answer": a})
+            })
+        })
+        .collect();
+    json!({"id": id, "option": {"key": "unsure"}, "examples": examples})
+}
+
+fn get(s: &Server, path: &str) -> common::Response {
+    s.request("GET", path, &[], None).unwrap()
+}
+
+/// Polls `GET /v1/abstention/tasks/{id}` until `done` holds.
+fn poll(s: &Server, id: &str, done: impl Fn(&Value) -> bool) -> Value {
+    let start = std::time::Instant::now();
+    loop {
+        let r = get(s, &format!("/v1/abstention/tasks/{id}"));
+        assert_eq!(r.status, 200, "{}", r.text());
+        let v = r.json();
+        if done(&v) {
+            return v;
+        }
+        assert!(start.elapsed().as_secs() < 600, "{v}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn an_abstention_registration_runs_on_the_worker_and_resumes_after_a_kill() {
+    let dir = common::fresh_dir("abstention-worker");
+    let state_dir = dir.to_str().unwrap().to_string();
+    let mut s = Server::start(&["--state-dir", &state_dir]);
+    let async_ = [("Prefer", "respond-async")];
+    let post = |s: &Server, body: &Value| {
+        s.request(
+            "POST",
+            "/v1/abstention/tasks",
+            &async_,
+            Some(body.to_string().as_bytes()),
+        )
+        .unwrap()
+    };
+
+    // Answered at once: 202, its place and its status.
+    let body = many("city-many", 6);
+    let r = post(&s, &body);
+    assert_eq!(r.status, 202, "{}", r.text());
+    assert_eq!(r.header("location"), Some("/v1/abstention/tasks/city-many"));
+    let accepted = r.json();
+    assert_eq!(accepted["object"], "abstention.registration");
+    assert_eq!(accepted["progress"]["total"], 72, "{accepted}");
+    // The same id again while it runs: 409.
+    let again = post(&s, &body);
+    assert_eq!(again.status, 409, "{}", again.text());
+
+    // Killed once its state folder holds 8 scored examples.
+    let scored = dir.join("tasks/abstention/city-many.scored.jsonl");
+    let start = std::time::Instant::now();
+    let saved = loop {
+        let lines = std::fs::read_to_string(&scored)
+            .map(|t| t.lines().count())
+            .unwrap_or(0);
+        if lines >= 8 {
+            break lines;
+        }
+        assert!(start.elapsed().as_secs() < 300, "{lines} scored");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let running = get(&s, "/v1/abstention/tasks/city-many").json();
+    assert_eq!(running["status"], "running", "{running}");
+    s.kill();
+
+    // Resumed after a restart from what it had scored, then fitted on
+    // every example.
+    let s = Server::start(&["--state-dir", &state_dir]);
+    let resumed = poll(&s, "city-many", |v| v["status"] != "queued");
+    assert_eq!(resumed["status"], "running", "{resumed}");
+    assert_eq!(resumed["progress"]["restarts"], 1, "{resumed}");
+    let from = resumed["progress"]["resumed_from"].as_u64().unwrap() as usize;
+    assert!(from >= saved - 1, "resumed from {from}, {saved} saved");
+    let ready = poll(&s, "city-many", |v| v["status"] == "ready");
+    assert_eq!(ready["config"]["n"], 72, "{ready}");
+    assert!(!scored.exists());
+
+    // The same examples registered in one go (the reference's form,
+    // answered once fitted) give the same fit.
+    let whole = s.post_json("/v1/abstention/tasks", &many("city-whole", 6));
+    assert_eq!(whole.status, 200, "{}", whole.text());
+    assert_eq!(whole.json()["config"], ready["config"]);
+
+    // A registration deleted while it runs leaves nothing behind.
+    let r = post(&s, &many("city-gone", 2));
+    assert_eq!(r.status, 202, "{}", r.text());
+    let r = s
+        .request("DELETE", "/v1/abstention/tasks/city-gone", &[], None)
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(get(&s, "/v1/abstention/tasks/city-gone").status, 404);
+    let left: Vec<String> = std::fs::read_dir(dir.join("tasks/abstention"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("city-gone"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -15,7 +15,8 @@
 //!   /v1/tasks/{id}/certify`;
 //! - `systemone`: `POST /v1/systemone`, TypeSafe's System One wire, and
 //!   the abstention tasks (`/v1/abstention/tasks`: `POST`, `GET`, `POST
-//!   .../import`, `DELETE .../{id}`), with
+//!   .../import`, `GET` and `DELETE .../{id}`, and their registration
+//!   worker), with
 //!   its own request, error and answer shapes;
 //! - `service`: `GET /v1/models`, `/health`, `/metrics`, `/openapi.json`
 //!   ([`openapi`]), and the 404 and 405 answers.
@@ -228,6 +229,7 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/v1/abstention/tasks"),
     ("GET", "/v1/abstention/tasks"),
     ("POST", "/v1/abstention/tasks/import"),
+    ("GET", "/v1/abstention/tasks/{id}"),
     ("DELETE", "/v1/abstention/tasks/{id}"),
     ("GET", "/openapi.json"),
 ];
@@ -283,6 +285,7 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
                 ("DELETE", "/v1/tasks/{id}") => route.to(tasks::delete_task),
                 ("POST", "/v1/abstention/tasks") => route.to(systemone::abstention::register),
                 ("GET", "/v1/abstention/tasks") => route.to(systemone::abstention::list),
+                ("GET", "/v1/abstention/tasks/{id}") => route.to(systemone::abstention::status),
                 ("POST", "/v1/abstention/tasks/import") => route.to(systemone::abstention::import),
                 ("DELETE", "/v1/abstention/tasks/{id}") => route.to(systemone::abstention::delete),
                 (_, "/openapi.json") => route.to(service::openapi),
@@ -309,6 +312,9 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
 /// Serves until the process is stopped.
 pub async fn serve(state: AppState, host: &str, port: u16) -> std::io::Result<()> {
     let state = web::Data::new(state);
+    // Abstention registrations answer their examples as served, so their
+    // worker runs here, beside the handlers.
+    actix_web::rt::spawn(systemone::abstention::work(state.clone()));
     let server = HttpServer::new(move || {
         App::new()
             .app_data(state.clone())

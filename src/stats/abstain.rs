@@ -26,7 +26,7 @@ const EPS: f64 = 1e-9;
 /// whether the example is unanswerable, whether the best other option is
 /// its gold one, and the plain argmax's outcome (right, a false
 /// abstention).
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Scored {
     pub p_abstain: f64,
     pub unanswerable: bool,

@@ -154,11 +154,13 @@ impl TaskRegistry {
         Ok(ids)
     }
 
-    /// Removes a task; `false` when there is none of that id.
+    /// Removes a task, and a registration of that id (cancelled when it
+    /// is queued or running); `false` when there is neither.
     pub fn remove_abstention(&self, id: &str) -> Result<bool, TaskError> {
+        let job = self.drop_abstention_job(id);
         let mut tasks = self.abstention_lock();
         if !tasks.contains_key(id) {
-            return Ok(false);
+            return Ok(job);
         }
         let mut next = tasks.clone();
         next.remove(id);

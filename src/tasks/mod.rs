@@ -33,6 +33,7 @@
 //! `docs/design/tasks.md` states every rule.
 
 pub mod abstention;
+pub mod abstention_job;
 pub mod certificate;
 mod exchange;
 mod recertify;
@@ -339,6 +340,11 @@ pub struct TaskRegistry {
     layout: String,
     /// The abstention tasks, by id.
     abstention: Mutex<BTreeMap<String, abstention::AbstentionTask>>,
+    /// The abstention registrations queued, running or failed, by id.
+    abstention_jobs: Mutex<BTreeMap<String, abstention_job::AbstentionJob>>,
+    /// Told when an abstention registration is queued (its worker runs on
+    /// the server's runtime: it answers examples as served).
+    pub abstention_wake: tokio::sync::Notify,
     wake: Condvar,
     store: Store,
     route: Arc<TextRoute>,

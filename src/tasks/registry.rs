@@ -90,11 +90,13 @@ impl TaskRegistry {
             .into_iter()
             .map(|t| (t.id.clone(), t))
             .collect();
+        let abstention_jobs = super::abstention_job::load(&store, &model, waiting)?;
         tracing::info!(
-            "state folder {}: {} task(s), {} abstention task(s)",
+            "state folder {}: {} task(s), {} abstention task(s), {} abstention registration(s)",
             root.display(),
             tasks.len(),
-            abstention.len()
+            abstention.len(),
+            abstention_jobs.len()
         );
         let registry = Arc::new(TaskRegistry {
             tasks: Mutex::new(tasks),
@@ -105,6 +107,8 @@ impl TaskRegistry {
                 &format!("{:?}/{:?}", route.wire.format, route.wire.noul),
             ),
             abstention: Mutex::new(abstention),
+            abstention_jobs: Mutex::new(abstention_jobs),
+            abstention_wake: tokio::sync::Notify::new(),
             wake: Condvar::new(),
             store,
             metrics: route.metrics.clone(),

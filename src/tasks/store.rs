@@ -107,7 +107,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
-fn read_json<T: DeserializeOwned>(path: &Path) -> Result<T, String> {
+pub(super) fn read_json<T: DeserializeOwned>(path: &Path) -> Result<T, String> {
     let text = fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     serde_json::from_slice(&text).map_err(|e| format!("{} is not a task file: {e}", path.display()))
 }
@@ -178,6 +178,12 @@ impl Store {
             .collect();
         files.sort();
         Ok(files)
+    }
+
+    /// The folder of abstention registrations in progress
+    /// ([`super::abstention_job`]), beside the task records.
+    pub(super) fn abstention_jobs_dir(&self) -> PathBuf {
+        self.dir.join("abstention")
     }
 
     fn record_path(&self, id: &str) -> PathBuf {

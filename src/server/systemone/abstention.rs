@@ -6,8 +6,14 @@
 //!   [{request, answer}]}`: each example a `/v1/systemone` request with one
 //!   choice question, answered as served; `answer` its gold key, or `null`
 //!   (or the declared key) for an example that cannot be answered. The
-//!   threshold is fitted ([`crate::stats::abstain`]) and the task stored;
-//!   answered with the task once fitted.
+//!   threshold is fitted ([`crate::stats::abstain`]) and the task stored.
+//!   The examples are checked in the handler, then answered by a worker
+//!   ([`work`]) one at a time, the registration kept in the state folder
+//!   (`crate::tasks::abstention_job`) and resumed after a kill. Answered
+//!   with the task once fitted, as the reference answers; with `Prefer:
+//!   respond-async`, at once with `202` and its `Location`.
+//! - `GET /v1/abstention/tasks/{id}`: a registration's status and
+//!   progress, or the task once fitted.
 //! - `GET /v1/abstention/tasks`: every task, in the form the import loads.
 //! - `POST /v1/abstention/tasks/import` `{tasks}`: loads them without
 //!   scoring again (a 409 when fitted under another model or layout).
@@ -22,17 +28,21 @@
 //! extension) is refused: decisio serves declared options only. Errors are
 //! in decisio's shape, as on `/v1/tasks`.
 
-use actix_web::{web, HttpRequest, HttpResponse};
+use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
+
+use std::time::{Duration, Instant};
 
 use super::{canonical_digest, parse_request, render_text, respond, Asked, Criteria, WireQuestion};
 use crate::server::body::{parse, read_bytes};
 use crate::server::error::ApiError;
 use crate::server::fields::task_name;
-use crate::server::AppState;
+use crate::server::{unix_now, AppState};
 use crate::stats::abstain::{self, Scored};
 use crate::tasks::abstention::{AbstainOption, AbstentionTask, Match};
+use crate::tasks::abstention_job::{AbstentionJob, JobExample, JobStatus};
+use crate::tasks::FORMAT_VERSION;
 
 type Result<T> = std::result::Result<T, ApiError>;
 
@@ -130,10 +140,9 @@ pub struct AbstentionImport {
     pub store: Option<Map<String, Value>>,
 }
 
-/// One example, validated: its request, its question's digests and its
-/// gold key (`None`: it cannot be answered).
+/// One example, validated: its question's digests and its gold key
+/// (`None`: it cannot be answered).
 struct Checked {
-    request: super::WireRequest,
     set: String,
     keys: String,
     gold: Option<String>,
@@ -230,7 +239,6 @@ fn check(body: &AbstentionRequest, state: &AppState) -> Result<(String, Vec<Chec
         out.push(Checked {
             set: set.unwrap_or_default(),
             keys: keys.unwrap_or_default(),
-            request,
             gold,
         });
     }
@@ -251,71 +259,281 @@ fn check(body: &AbstentionRequest, state: &AppState) -> Result<(String, Vec<Chec
     Ok((key, out))
 }
 
-/// `POST /v1/abstention/tasks`: scores the examples as served, fits the
-/// threshold and stores the task; answered with it.
+/// How often a handler waiting for a registration looks whether it is
+/// done.
+const POLL: Duration = Duration::from_millis(100);
+
+/// `POST /v1/abstention/tasks`: the examples checked, then queued for the
+/// worker ([`work`]), which answers them as served and fits the threshold.
+/// With `Prefer: respond-async` (RFC 7240), answered at once: `202` with
+/// the registration's status and its `Location`. Otherwise answered as the
+/// reference answers, with the task once fitted; a client that leaves
+/// meanwhile leaves the registration running.
 pub async fn register(
     req: HttpRequest,
     payload: web::Payload,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse> {
     let bytes = read_bytes(&req, payload, state.limits.max_task_body_bytes).await?;
-    let body: AbstentionRequest = parse(&bytes)?;
-    let (key, examples) = check(&body, &state)?;
     state.ready()?;
-    let mut scored = Vec::with_capacity(examples.len());
-    for (i, e) in examples.iter().enumerate() {
-        let read = respond(&state, &e.request, true)
-            .await
-            .map_err(|err| match err {
-                super::WireError::Api(a) => a,
-                super::WireError::Invalid(d) => ApiError::invalid(
-                    &format!("examples[{i}].request"),
-                    d.first().map_or("invalid".into(), |d| d.msg.clone()),
-                ),
-            })?;
-        let (keys, p) = &read.reads[0];
-        let at = keys.iter().position(|k| *k == key).unwrap_or(0);
-        let gold = e
-            .gold
-            .as_ref()
-            .and_then(|g| keys.iter().position(|k| k == g));
-        let (plain_abstains, best) = abstain::decide(p, at, None);
-        let unanswerable = gold.is_none();
-        let answer_ok = gold == Some(best);
-        scored.push(Scored {
-            p_abstain: p[at],
-            unanswerable,
-            answer_ok,
-            plain_right: if unanswerable {
-                plain_abstains
-            } else {
-                !plain_abstains && answer_ok
-            },
-            plain_false: !unanswerable && plain_abstains,
-        });
-    }
-    let config = abstain::fit(&scored);
-    let (model, layout) = state.tasks.abstention_stack();
-    let by_keys = body.matches.as_deref() == Some("option_keys");
-    let first = &examples[0];
-    let task = AbstentionTask {
-        id: body.id.clone(),
-        option: AbstainOption { key },
-        matches: if by_keys {
+    let shared = state.clone();
+    // Checking up to 100,000 example requests is work: off the HTTP
+    // workers, as the rendering of a decision is.
+    let job = web::block(move || -> Result<AbstentionJob> {
+        let body: AbstentionRequest = parse(&bytes)?;
+        let (key, checked) = check(&body, &shared)?;
+        let (model, layout) = shared.tasks.abstention_stack();
+        let first = &checked[0];
+        let matches = if body.matches.as_deref() == Some("option_keys") {
             Match::OptionKeys(first.keys.clone())
         } else {
             Match::OptionSet(first.set.clone())
+        };
+        let examples: Vec<JobExample> = body
+            .examples
+            .into_iter()
+            .zip(checked)
+            .map(|(e, c)| JobExample {
+                request: e.request,
+                gold: c.gold,
+            })
+            .collect();
+        drop(bytes);
+        let job = AbstentionJob {
+            format_version: FORMAT_VERSION,
+            id: body.id,
+            option: AbstainOption { key },
+            matches,
+            model,
+            layout,
+            status: JobStatus::Queued,
+            error: None,
+            server_fault: false,
+            total: examples.len(),
+            done: 0,
+            resumed_from: 0,
+            restarts: 0,
+            created: unix_now(),
+        };
+        shared.tasks.submit_abstention(job.clone(), &examples)?;
+        Ok(job)
+    })
+    .await
+    .map_err(|e| ApiError::Internal(e.to_string()))??;
+    let location = format!("/v1/abstention/tasks/{}", job.id);
+    let prefer = req
+        .headers()
+        .get_all("prefer")
+        .filter_map(|v| v.to_str().ok());
+    if prefer
+        .flat_map(|v| v.split(','))
+        .any(|p| p.trim().eq_ignore_ascii_case("respond-async"))
+    {
+        return Ok(HttpResponse::Accepted()
+            .insert_header(("Location", location))
+            .insert_header(("Preference-Applied", "respond-async"))
+            .json(job_view(&job)));
+    }
+    loop {
+        match state.tasks.abstention_job(&job.id) {
+            Some(j) if j.status.pending() => actix_web::rt::time::sleep(POLL).await,
+            Some(j) => return Err(failed(&j)),
+            None => {
+                let task = state
+                    .tasks
+                    .abstention_tasks()
+                    .into_iter()
+                    .find(|t| t.id == job.id);
+                return match task {
+                    Some(task) => Ok(HttpResponse::Ok().json(task)),
+                    None => Err(ApiError::NotFound(format!(
+                        "abstention task `{}` was deleted while it was registered",
+                        job.id
+                    ))),
+                };
+            }
+        }
+    }
+}
+
+/// A failed registration's error: a 500 for a fault of the server (its
+/// state folder), else a 400 naming the example.
+fn failed(job: &AbstentionJob) -> ApiError {
+    let message = job
+        .error
+        .clone()
+        .unwrap_or_else(|| "the registration failed".into());
+    if job.server_fault {
+        ApiError::Internal(message)
+    } else {
+        ApiError::invalid("examples", message)
+    }
+}
+
+/// A registration as `GET /v1/abstention/tasks/{id}` shows it.
+fn job_view(job: &AbstentionJob) -> Value {
+    json!({
+        "id": job.id,
+        "object": "abstention.registration",
+        "status": job.status,
+        "error": job.error,
+        "progress": {
+            "done": job.done,
+            "total": job.total,
+            "resumed_from": job.resumed_from,
+            "restarts": job.restarts,
         },
-        config,
-        model,
-        layout,
-    };
+        "option": job.option,
+        "match": job.matches,
+    })
+}
+
+/// `GET /v1/abstention/tasks/{id}`: a registration's status (`queued`,
+/// `running`, `failed`, with its progress), or the task once fitted
+/// (`status: "ready"`, in the form the listing gives).
+pub async fn status(id: web::Path<String>, state: web::Data<AppState>) -> Result<HttpResponse> {
+    if let Some(job) = state.tasks.abstention_job(&id) {
+        return Ok(HttpResponse::Ok().json(job_view(&job)));
+    }
+    let task = state
+        .tasks
+        .abstention_tasks()
+        .into_iter()
+        .find(|t| t.id == *id);
+    match task {
+        Some(task) => {
+            let mut view = serde_json::to_value(&task).unwrap_or_default();
+            view["status"] = json!("ready");
+            view["applied"] = json!(state.tasks.abstention_applies(&task));
+            Ok(HttpResponse::Ok().json(view))
+        }
+        None => Err(ApiError::NotFound(format!(
+            "there is no abstention task `{id}`; GET /v1/abstention/tasks lists them"
+        ))),
+    }
+}
+
+/// The registration worker: one registration at a time, oldest first,
+/// each example answered as `/v1/systemone` serves it (so decisions queued
+/// meanwhile wait for at most one example), its scoring appended to the
+/// state folder, then the fit. Runs for the server's life.
+pub async fn work(state: web::Data<AppState>) {
+    loop {
+        match state.tasks.next_abstention_job() {
+            Ok(Some((job, scored))) => run(&state, job, scored).await,
+            Ok(None) => {
+                let woken = state.tasks.abstention_wake.notified();
+                let _ = actix_web::rt::time::timeout(Duration::from_secs(1), woken).await;
+            }
+            Err(e) => {
+                tracing::error!("abstention registrations cannot be read: {e}");
+                actix_web::rt::time::sleep(Duration::from_secs(5)).await;
+            }
+        }
+    }
+}
+
+/// Scores a registration's examples from where it stands, then fits it.
+async fn run(state: &AppState, job: AbstentionJob, mut scored: Vec<Scored>) {
     let tasks = state.tasks.clone();
-    let stored = task.clone();
-    web::block(move || tasks.add_abstention(stored))
+    let id = job.id.clone();
+    let outcome = match score_all(state, &job, &mut scored).await {
+        Ok(false) => return,
+        Ok(true) => web::block(move || tasks.finish_abstention_job(&id, &scored))
+            .await
+            .map_err(|e| (e.to_string(), true))
+            .and_then(|r| r.map(|_| ()).map_err(|e| (e.to_string(), true))),
+        Err(e) => Err(e),
+    };
+    if let Err((message, server_fault)) = outcome {
+        let _ = state
+            .tasks
+            .fail_abstention_job(&job.id, message, server_fault);
+    }
+}
+
+/// Scores every example not scored yet; `false` when the registration was
+/// deleted meanwhile. An error says what failed and whether it is the
+/// server's fault; an engine that is busy or loading is waited for.
+async fn score_all(
+    state: &AppState,
+    job: &AbstentionJob,
+    scored: &mut Vec<Scored>,
+) -> std::result::Result<bool, (String, bool)> {
+    let server = |e: String| (e, true);
+    let examples = state.tasks.abstention_examples(&job.id).map_err(server)?;
+    let mut synced = Instant::now();
+    for (i, example) in examples.enumerate().skip(scored.len()) {
+        let example = example.map_err(server)?;
+        let s = loop {
+            match score_one(state, &job.option.key, &example).await {
+                Ok(s) => break s,
+                Err(e) if e.status_code().as_u16() == 503 => {
+                    if state.tasks.abstention_job(&job.id).is_none() {
+                        return Ok(false);
+                    }
+                    actix_web::rt::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(e) => {
+                    let fault = e.status_code().is_server_error();
+                    return Err((format!("examples[{i}].request: {e}"), fault));
+                }
+            }
+        };
+        let sync = synced.elapsed() >= Duration::from_secs(1) || i + 1 == job.total;
+        if sync {
+            synced = Instant::now();
+        }
+        if !state
+            .tasks
+            .record_scored(&job.id, &s, sync)
+            .map_err(server)?
+        {
+            return Ok(false);
+        }
+        scored.push(s);
+    }
+    Ok(true)
+}
+
+/// One example answered as served, and scored against its gold key.
+async fn score_one(state: &AppState, key: &str, example: &JobExample) -> Result<Scored> {
+    let bytes = serde_json::to_vec(&example.request).unwrap_or_default();
+    let request = parse_request(&bytes).map_err(|d| {
+        ApiError::invalid(
+            "request",
+            d.first().map_or("invalid".into(), |d| d.msg.clone()),
+        )
+    })?;
+    let read = respond(state, &request, true)
         .await
-        .map_err(|e| ApiError::Internal(e.to_string()))??;
-    Ok(HttpResponse::Ok().json(task))
+        .map_err(|err| match err {
+            super::WireError::Api(a) => a,
+            super::WireError::Invalid(d) => ApiError::invalid(
+                "request",
+                d.first().map_or("invalid".into(), |d| d.msg.clone()),
+            ),
+        })?;
+    let (keys, p) = &read.reads[0];
+    let at = keys.iter().position(|k| k == key).unwrap_or(0);
+    let gold = example
+        .gold
+        .as_ref()
+        .and_then(|g| keys.iter().position(|k| k == g));
+    let (plain_abstains, best) = abstain::decide(p, at, None);
+    let unanswerable = gold.is_none();
+    let answer_ok = gold == Some(best);
+    Ok(Scored {
+        p_abstain: p[at],
+        unanswerable,
+        answer_ok,
+        plain_right: if unanswerable {
+            plain_abstains
+        } else {
+            !plain_abstains && answer_ok
+        },
+        plain_false: !unanswerable && plain_abstains,
+    })
 }
 
 /// `GET /v1/abstention/tasks`.
