@@ -16,7 +16,7 @@ DENSE_MODEL := $(DECISIO_CACHE)/models/smollm2-135m-instruct-dense
 OPENBLAS := $(wildcard /usr/lib/$(shell gcc -dumpmachine 2>/dev/null)/libopenblas.so.0)
 PORT ?= 8000
 
-.PHONY: setup serve test check-targets gate reference reference-cached reference-logits cargo-test e2e lint bench bench-tasks bench-letter-bias bench-trust ci-time schemathesis bench-mac bench-profile record-vllm bench-systemone bench-memory bench-heavy
+.PHONY: setup serve test check-targets gate reference reference-cached reference-logits cargo-test e2e lint bench bench-tasks bench-letter-bias bench-trust ci-time schemathesis bench-mac bench-profile record-vllm bench-systemone bench-memory bench-heavy soak
 
 setup:
 	@bash scripts/setup.sh
@@ -124,6 +124,13 @@ bench-memory: setup reference
 bench-heavy: setup
 	cargo build --release --locked --bin decisio --example paired_bars
 	$(PYTHON) scripts/bench/heavy.py
+
+# 32 clients of every route for 10 minutes, one of them hostile: no 5xx to
+# a well-formed request, no lost answer, resident memory flat
+# (runs/<date>_soak).
+soak: setup
+	cargo build --release --locked --bin decisio --example paired_bars
+	$(PYTHON) scripts/bench/soak.py
 
 # decisio against mlx_lm.server on the same MLX conversions: a new state, a
 # seen state, 100 questions on one state, peak memory at 8k/16k/32k tokens;

@@ -85,6 +85,20 @@ fn the_wire_is_answered_whatever_else_a_request_asks() {
     assert_eq!(all["model"], "jev-latest");
     assert_eq!(all["usage"]["output_tokens"], 3);
     assert!(all["usage"]["input_tokens"].as_u64().unwrap() > 30);
+    // The state's count is remembered by its text: asked again, the same
+    // usage; another state, its own count (the tokenizer's, read here).
+    let again = ask(&s, &json!({"state": TICKET, "questions": questions()}));
+    assert_eq!(again["usage"], all["usage"]);
+    let longer = format!("{TICKET} Thanks.");
+    let other = ask(&s, &json!({"state": longer, "questions": questions()}));
+    let tokenizer = TextTokenizer::from_file(model_dir().join("tokenizer.json")).unwrap();
+    let count = |t: &str| tokenizer.encode(t, false).unwrap().len() as i64;
+    let used = |v: &Value| v["usage"]["input_tokens"].as_i64().unwrap();
+    assert_eq!(
+        used(&other) - used(&all),
+        count(&longer) - count(TICKET),
+        "{other}"
+    );
     let answers = all["answers"].as_object().unwrap();
     assert_eq!(
         answers.keys().collect::<Vec<_>>(),

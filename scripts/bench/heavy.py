@@ -1,8 +1,12 @@
-"""Benchmark: small requests beside a heavy one (MLX backend, the fixture).
+"""Benchmark: small requests beside a heavy one (the fixture).
 
 Usage: python scripts/bench/heavy.py [--clients 8] [--seconds 40] [--states 4]
+                                     [--backend mlx|vllm]
 
-One fresh server (`decisio serve`, default settings). Then, in order:
+One fresh server (`decisio serve`, default settings; with `--backend vllm`,
+the vLLM backend in front of vLLM's CPU build serving the fixture at a
+context of 4,096, so the heavy request's document is cut to fit). Then, in
+order:
   1. time to refusal: three System One requests of an oversize state (7 MB
      of text, 256 questions), each timed to its 413;
   2. unloaded: `--clients` clients, each with its own connection, send
@@ -17,7 +21,7 @@ One fresh server (`decisio serve`, default settings). Then, in order:
      emptied once the heavy client left.
 Every small request is new work: a question never asked before.
 
-Writes runs/<date>_heavy/{summary.md,results.json,latency.png}: p50 and p99
+Writes runs/<date>_heavy[-vllm]/{summary.md,results.json,latency.png}: p50 and p99
 of the small requests and of `/health` in both phases, the p99 factor, the
 time to 413, the memory; the plot with the project's `paired_bars` example
 when built.
@@ -25,6 +29,7 @@ when built.
 
 import argparse
 import http.client
+import sys
 import itertools
 import json
 import select
@@ -32,6 +37,9 @@ import threading
 import time
 
 import common
+
+sys.path.insert(0, str(common.ROOT / "tests" / "e2e"))
+from conftest import start_vllm, stop_vllm  # noqa: E402
 
 
 def status_kib(pid, field):
@@ -138,6 +146,7 @@ def main():
     ap.add_argument("--clients", type=int, default=8)
     ap.add_argument("--seconds", type=float, default=40)
     ap.add_argument("--states", type=int, default=4)
+    ap.add_argument("--backend", choices=("mlx", "vllm"), default="mlx")
     a = ap.parse_args()
     rows = common.mmlu_rows(400)
     docs = ["\n\n".join(common.mmlu_block(r) for r in rows[i * 3:(i + 1) * 3])
@@ -145,7 +154,9 @@ def main():
     # The heaviest request that fits the fixture's 8,192 tokens: a state of
     # 45 MMLU questions and 256 questions of 255 options, each ~1,400
     # tokens (option descriptions would take it over the context: 413).
-    big_doc = "\n\n".join(common.mmlu_block(r) for r in rows[100:145])
+    # In front of vLLM (a context of 4,096), 20 MMLU questions.
+    big_doc = "\n\n".join(common.mmlu_block(r)
+                          for r in rows[100:145 if a.backend == "mlx" else 120])
     criteria = {f"option_{j:03d}": None for j in range(255)}
     heavy = {"state": big_doc, "questions": {
         f"q{i}": {"type": "choice", "instructions": f"Which option is question {i} about?",
@@ -153,7 +164,14 @@ def main():
     oversize = {"state": "word " * 1_400_000, "questions": {
         f"q{i}": {"type": "noul", "instructions": f"Is it {i}?"} for i in range(256)}}
 
-    proc, port = common.start_decisio()
+    upstream = None
+    if a.backend == "vllm":
+        up = common.free_port()
+        upstream = start_vllm(up)
+        proc, port = common.start_decisio(
+            extra=["--backend", "vllm", "--upstream", f"http://127.0.0.1:{up}"])
+    else:
+        proc, port = common.start_decisio()
     try:
         refusals = []
         for _ in range(3):
@@ -167,8 +185,8 @@ def main():
         rss_before = status_kib(proc.pid, "VmRSS")
         loaded = phase(port, docs, a.clients, a.seconds, heavy=heavy)
         left = time.perf_counter()
-        while queue_depth(port) > 0:  # the cancelled work stops within a step
-            time.sleep(0.05)
+        while queue_depth(port) > 0 and time.perf_counter() - left < 300:
+            time.sleep(0.05)  # the cancelled work stops within a step
         drained = time.perf_counter() - left
         time.sleep(1)
         rss_after = status_kib(proc.pid, "VmRSS")
@@ -176,6 +194,8 @@ def main():
     finally:
         proc.terminate()
         proc.wait()
+        if upstream is not None:
+            stop_vllm(upstream)
 
     rec = {
         "machine": common.machine(),
@@ -191,14 +211,17 @@ def main():
     }
     p99 = rec["loaded"]["small_s"]["p99"] / rec["unloaded"]["small_s"]["p99"]
     rec["p99_factor"] = p99
-    out = common.run_dir("heavy")
+    out = common.run_dir("heavy" if a.backend == "mlx" else "heavy-vllm")
+    backend = ("MLX" if a.backend == "mlx"
+               else "the vLLM backend in front of vLLM's CPU build; memory is the gateway's")
     (out / "results.json").write_text(json.dumps(rec, indent=1))
     ms = lambda v: f"{v * 1e3:.0f}"  # noqa: E731
     lines = [
-        "# Small requests beside the heaviest one (MLX, the fixture)", "",
+        f"# Small requests beside the heaviest one ({backend.split(';')[0]}, the fixture)", "",
         "Command: `python scripts/bench/heavy.py "
-        f"--clients {a.clients} --seconds {a.seconds:g} --states {a.states}`.",
-        f"Machine: {rec['machine']['cpus']} CPUs, {rec['machine']['platform']}; MLX's CPU build.",
+        f"--clients {a.clients} --seconds {a.seconds:g} --states {a.states} "
+        f"--backend {a.backend}`.",
+        f"Machine: {rec['machine']['cpus']} CPUs, {rec['machine']['platform']}; {backend}.",
         "", f"{a.clients} clients, each one new `noul` question a request on one of {a.states} "
         "documents of ~300 tokens (read once before), `GET /health` every 0.2 s; loaded: one "
         f"more client sends a new document of {big_tokens} tokens with 256 questions of 255 "

@@ -139,7 +139,13 @@ pub struct TextRoute {
     pub wire_forms: Vec<Vec<u32>>,
     /// How System One questions are asked on this base.
     pub wire: WireSettings,
+    /// The token counts of recent states' texts, by their digest
+    /// ([`TextRoute::count_state_tokens`]).
+    state_counts: moka::sync::Cache<[u8; 32], usize>,
 }
+
+/// States whose token counts are remembered.
+const STATE_COUNTS: u64 = 4096;
 
 impl TextRoute {
     /// Fails when an option letter is not a single token of the tokenizer.
@@ -216,6 +222,7 @@ impl TextRoute {
             base: config.base,
             metrics: config.metrics,
             letter_codes,
+            state_counts: moka::sync::Cache::new(STATE_COUNTS),
         })
     }
 
@@ -255,6 +262,21 @@ impl TextRoute {
     /// state and each question's own text so).
     pub fn count_tokens(&self, text: &str) -> Result<usize, RouteError> {
         Ok(self.tokenize(text, false)?.len())
+    }
+
+    /// [`TextRoute::count_tokens`] of a state's text, remembered by its
+    /// digest for the last few thousand states: a state asked about again
+    /// (the common case: a document, then its questions) is counted once,
+    /// not once a request.
+    pub fn count_state_tokens(&self, text: &str) -> Result<usize, RouteError> {
+        use sha2::{Digest, Sha256};
+        let key: [u8; 32] = Sha256::digest(text.as_bytes()).into();
+        if let Some(n) = self.state_counts.get(&key) {
+            return Ok(n);
+        }
+        let n = self.count_tokens(text)?;
+        self.state_counts.insert(key, n);
+        Ok(n)
     }
 
     /// Token ids of a text (a rendered chat prompt carries its own special

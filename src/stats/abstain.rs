@@ -35,6 +35,25 @@ pub struct Scored {
     pub plain_false: bool,
 }
 
+impl Scored {
+    /// An example's scoring from the abstain option's probability, whether
+    /// it is unanswerable, whether the best other option is its gold one,
+    /// and whether the plain argmax abstains.
+    pub fn new(p_abstain: f64, unanswerable: bool, answer_ok: bool, plain_abstains: bool) -> Self {
+        Scored {
+            p_abstain,
+            unanswerable,
+            answer_ok,
+            plain_right: if unanswerable {
+                plain_abstains
+            } else {
+                !plain_abstains && answer_ok
+            },
+            plain_false: !unanswerable && plain_abstains,
+        }
+    }
+}
+
 /// A task's fitted abstention.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct AbstentionFit {
@@ -191,18 +210,7 @@ mod tests {
 
     fn ex(p: f64, unanswerable: bool, answer_ok: bool) -> Scored {
         // The plain argmax abstains when the option is above one half here.
-        let plain_abstain = p > 0.5;
-        Scored {
-            p_abstain: p,
-            unanswerable,
-            answer_ok,
-            plain_right: if unanswerable {
-                plain_abstain
-            } else {
-                !plain_abstain && answer_ok
-            },
-            plain_false: !unanswerable && plain_abstain,
-        }
+        Scored::new(p, unanswerable, answer_ok, p > 0.5)
     }
 
     #[test]

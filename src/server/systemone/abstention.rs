@@ -521,19 +521,12 @@ async fn score_one(state: &AppState, key: &str, example: &JobExample) -> Result<
         .as_ref()
         .and_then(|g| keys.iter().position(|k| k == g));
     let (plain_abstains, best) = abstain::decide(p, at, None);
-    let unanswerable = gold.is_none();
-    let answer_ok = gold == Some(best);
-    Ok(Scored {
-        p_abstain: p[at],
-        unanswerable,
-        answer_ok,
-        plain_right: if unanswerable {
-            plain_abstains
-        } else {
-            !plain_abstains && answer_ok
-        },
-        plain_false: !unanswerable && plain_abstains,
-    })
+    Ok(Scored::new(
+        p[at],
+        gold.is_none(),
+        gold == Some(best),
+        plain_abstains,
+    ))
 }
 
 /// `GET /v1/abstention/tasks`.

@@ -145,11 +145,11 @@ pub async fn respond(
     }
     let route = state.route.clone();
     let (text, input_tokens) = web::block(move || {
-        let mut n = 0;
-        for t in texts.iter().chain(match &text {
-            State::Text(state_text) => Some(state_text),
-            State::Messages(_) => None,
-        }) {
+        let mut n = match &text {
+            State::Text(state_text) => route.count_state_tokens(state_text)?,
+            State::Messages(_) => 0,
+        };
+        for t in &texts {
             n += route.count_tokens(t)?;
         }
         Ok::<_, crate::route::RouteError>((text, n))
