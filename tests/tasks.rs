@@ -694,17 +694,36 @@ fn bad_registrations_are_refused_naming_the_field() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Every file of the state folder is whole JSON.
+/// Every file of the state folder is whole JSON (a `.jsonl` file, whole
+/// lines of JSON), its folders' too.
 fn check_files(dir: &Path) {
-    for entry in std::fs::read_dir(dir.join("tasks")).unwrap() {
+    check_folder(&dir.join("tasks"));
+}
+
+fn check_folder(folder: &Path) {
+    for entry in std::fs::read_dir(folder).unwrap() {
         let path = entry.unwrap().path();
         let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if path.is_dir() {
+            check_folder(&path);
+            continue;
+        }
         if name.starts_with('.') {
             continue; // a temporary file, removed at the next start
         }
         let bytes = std::fs::read(&path).unwrap();
-        serde_json::from_slice::<Value>(&bytes)
-            .unwrap_or_else(|e| panic!("{name} is not whole JSON after a kill: {e}"));
+        let parts: Vec<&[u8]> = if name.ends_with(".jsonl") {
+            bytes
+                .split(|&b| b == b'\n')
+                .filter(|l| !l.is_empty())
+                .collect()
+        } else {
+            vec![&bytes]
+        };
+        for part in parts {
+            serde_json::from_slice::<Value>(part)
+                .unwrap_or_else(|e| panic!("{name} is not whole JSON after a kill: {e}"));
+        }
     }
 }
 
