@@ -154,9 +154,9 @@ def main():
     # The heaviest request that fits the fixture's 8,192 tokens: a state of
     # 45 MMLU questions and 256 questions of 255 options, each ~1,400
     # tokens (option descriptions would take it over the context: 413).
-    # In front of vLLM (a context of 4,096), 20 MMLU questions.
+    # In front of vLLM (a context of 4,096), 12 MMLU questions.
     big_doc = "\n\n".join(common.mmlu_block(r)
-                          for r in rows[100:145 if a.backend == "mlx" else 120])
+                          for r in rows[100:145 if a.backend == "mlx" else 112])
     criteria = {f"option_{j:03d}": None for j in range(255)}
     heavy = {"state": big_doc, "questions": {
         f"q{i}": {"type": "choice", "instructions": f"Which option is question {i} about?",
