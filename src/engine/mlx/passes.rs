@@ -148,11 +148,7 @@ impl Scoring {
         super::fault::hook();
         match self.advance(e) {
             Ok(ended) => {
-                let answered = self.answer(ended);
-                if answered > 0 {
-                    // The figures a client may read once answered.
-                    super::memory::export(&e.options.metrics);
-                }
+                let answered = self.answer(ended, &e.options.metrics);
                 (answered, ended)
             }
             Err(err) => (self.fail(EngineError::computation(err.to_string())), true),
@@ -270,14 +266,22 @@ impl Scoring {
     /// Answers each job whose questions are all read (every job once
     /// `ended`: a question still unread is then an error); returns how
     /// many it answered.
-    fn answer(&mut self, ended: bool) -> usize {
+    fn answer(&mut self, ended: bool, metrics: &crate::metrics::Metrics) -> usize {
         let Stage::Questions(q) = &self.stage else {
             return 0;
         };
+        let (ready, waiting): (Vec<Client>, Vec<Client>) = std::mem::take(&mut self.jobs)
+            .into_iter()
+            .partition(|job| ended || job.questions.clone().all(|i| q.has_read(i)));
+        self.jobs = waiting;
+        if !ready.is_empty() {
+            // The figures a client may read once answered are exported
+            // before it is.
+            super::memory::export(metrics);
+        }
         let cache = self.request.cache;
-        let before = self.jobs.len();
-        let mut waiting = Vec::new();
-        for job in self.jobs.drain(..) {
+        let answered = ready.len();
+        for job in ready {
             let scores: Option<Vec<QuestionScore>> =
                 job.questions.clone().map(|i| q.score_of(i)).collect();
             let result = match scores {
@@ -286,16 +290,11 @@ impl Scoring {
                     new_state_seconds: q.new_state_seconds.filter(|_| !job.joined),
                     questions,
                 }),
-                None if ended => Err(EngineError::Model("a question was not read".into())),
-                None => {
-                    waiting.push(job);
-                    continue;
-                }
+                None => Err(EngineError::Model("a question was not read".into())),
             };
             let _ = job.reply.send(result);
         }
-        self.jobs = waiting;
-        before - self.jobs.len()
+        answered
     }
 }
 
@@ -447,6 +446,13 @@ impl Questions {
             self.out[i] = Some(score);
         }
         Ok(())
+    }
+
+    /// Whether question `i`, or the same question asked in another place,
+    /// is read.
+    fn has_read(&self, i: usize) -> bool {
+        self.out[i].is_some()
+            || (0..self.out.len()).any(|j| self.keys[j] == self.keys[i] && self.out[j].is_some())
     }
 
     /// Merged question `i`'s scores once read: its own, or those of the
