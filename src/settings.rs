@@ -144,6 +144,12 @@ pub struct UpstreamLimits {
     pub batch_tokens: usize,
     /// The most prompts (questions) one list request carries.
     pub batch_prompts: usize,
+    /// Seconds of the upstreams' measured throughput kept in flight at
+    /// once, shared fairly between requests (`docs/limits.md`, "Fair
+    /// scheduling"); 0: every call sent at once.
+    pub fair_seconds: f64,
+    /// The least budget of prompt tokens in flight, per upstream.
+    pub fair_tokens: usize,
     /// States the gateway remembers having sent to its upstreams, most
     /// recent first: a list request's cached-token count covers the state
     /// whenever its earlier prompts put the state in the prefix cache, so a
@@ -172,6 +178,8 @@ impl Default for UpstreamLimits {
             fan_out: 32,
             batch_tokens: 32768,
             batch_prompts: 64,
+            fair_seconds: 1.0,
+            fair_tokens: 2048,
             remembered_states: 65536,
         }
     }

@@ -793,3 +793,48 @@ fn requests_that_time_out_by_their_own_size_eject_no_healthy_upstream() {
     assert!(matches!(r.status, 200 | 504), "{}", r.text());
     assert_eq!(gw.metric("decisio_upstream_ejected", ""), 0.0);
 }
+
+#[test]
+fn a_small_request_is_answered_beside_a_heavy_one() {
+    // A decision of 128 new questions of 26 options on a new state of
+    // about 1,000 tokens sends far more than the fair budget; a decision
+    // of one question sent once the first's calls are in flight is
+    // answered while the first is still being read, within a fraction of
+    // its time (`docs/limits.md`, "Waiting behind other clients (vLLM
+    // backend)"). With every call sent at once (`--fair-seconds 0`) the
+    // small one waits behind the large one's lists in vLLM's queue.
+    let _one = one_at_a_time();
+    let v = vllm::shared(32);
+    let gw = gateway(v, &["--health-interval", "3600"]);
+    let letters: Vec<String> = ('A'..='Z').map(|c| format!("Queue {c}")).collect();
+    let questions: Vec<Value> = (0..128)
+        .map(|i| json!({"text": format!("Which queue takes parcel {i}?"), "options": letters}))
+        .collect();
+    let heavy = json!({"state": format!("Heavy. {}", state_of(1000)), "questions": questions});
+    let deadline = std::time::Instant::now() + Duration::from_secs(300);
+    std::thread::scope(|scope| {
+        let started = std::time::Instant::now();
+        let (gw, heavy) = (&gw, &heavy);
+        let large = scope.spawn(move || {
+            let r = ok(gw.post_json("/v1/decide", heavy));
+            (r, started.elapsed())
+        });
+        while gw.metric("decisio_upstream_in_flight", "") == 0.0 {
+            assert!(std::time::Instant::now() < deadline, "vLLM never got it");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let sent = std::time::Instant::now();
+        let small = ok(gw.post_json("/v1/decide", &decide_body("Small. A short state.")));
+        let small_s = sent.elapsed();
+        assert_eq!(small["answers"].as_array().unwrap().len(), 1);
+        let large_done = large.is_finished();
+        let (large, large_s) = large.join().unwrap();
+        assert_eq!(large["answers"].as_array().unwrap().len(), 128);
+        eprintln!("beside a decision of 128 questions ({large_s:?}): one question in {small_s:?}");
+        assert!(!large_done, "the large decision ended before the small one");
+        assert!(
+            small_s * 4 < large_s,
+            "one question took {small_s:?} beside a decision of {large_s:?}"
+        );
+    });
+}

@@ -4,7 +4,7 @@ cases, every server asked only what it has never answered.
 Usage: python scripts/bench/systemone.py [--rounds 5] [--tokens 3000]
   [--questions 50] [--state-tokens 1000] [--cases read,new,seen,concurrent]
   [--servers mlx,vllm,ref,ref-pad] [--clients 16] [--requests 200]
-  [--name systemone-bench]
+  [--name systemone-bench] [--vllm-flags '--fair-seconds 0']
 
 Servers, all on the fixture on this machine's CPUs, started once:
   - `mlx`: decisio on MLX (the fixture as `make serve` serves it);
@@ -224,8 +224,9 @@ def fmt(s, digits=2):
             if s and "median" in s else "n/a")
 
 
-def start(servers):
-    """Starts the servers named; returns ({name: port}, [processes])."""
+def start(servers, vllm_flags=()):
+    """Starts the servers named (the vLLM backend with `vllm_flags` more);
+    returns ({name: port}, [processes])."""
     ports, procs = {}, []
     try:
         if "mlx" in servers:
@@ -235,7 +236,8 @@ def start(servers):
             up = common.free_port()
             procs.append(start_vllm(up, block_size=32))
             p, ports["vllm"] = common.start_decisio(
-                extra=["--backend", "vllm", "--upstream", f"http://127.0.0.1:{up}"])
+                extra=["--backend", "vllm", "--upstream", f"http://127.0.0.1:{up}",
+                       *vllm_flags])
             procs.append(p)
         for name, pad in (("ref", "none"), ("ref-pad", None)):
             if name in servers:
@@ -475,13 +477,15 @@ def main():
     ap.add_argument("--limit", type=float, default=900, help="seconds per concurrent run")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--name", default="systemone-bench", help="the record: runs/<date>_NAME")
+    ap.add_argument("--vllm-flags", default="",
+                    help="more flags of the vLLM backend's server, e.g. '--fair-seconds 0'")
     a = ap.parse_args()
     a.cases, a.servers = a.cases.split(","), a.servers.split(",")
     bad = set(a.cases) - set(CASES) | set(a.servers) - set(NAMES)
     if bad:
         ap.error(f"unknown: {', '.join(sorted(bad))}")
     out = common.run_dir(a.name)
-    ports, procs = start(a.servers)
+    ports, procs = start(a.servers, a.vllm_flags.split())
     try:
         rec = run(a, ports)
     finally:

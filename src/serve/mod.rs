@@ -504,6 +504,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
                         fan_out: u.fan_out,
                         batch_tokens: u.upstream_batch_tokens,
                         batch_prompts: u.upstream_batch_prompts,
+                        fair_seconds: u.fair_seconds,
+                        fair_tokens: u.fair_tokens,
                         ..UpstreamLimits::default()
                     },
                     metrics: metrics.clone(),

@@ -88,6 +88,18 @@ pub(super) struct UpstreamArgs {
     /// The most prompts (questions) one upstream list request carries.
     #[arg(long, default_value_t = UpstreamLimits::default().batch_prompts, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=4096))]
     pub(super) upstream_batch_prompts: usize,
+    /// Seconds of work kept in flight to the upstreams, shared fairly
+    /// between requests: the prompt tokens the upstreams were measured to
+    /// read in that time. A call that does not fit waits, and room freed
+    /// goes to the request holding the fewest tokens in flight, so a new
+    /// request waits about this long behind another's many questions
+    /// (docs/limits.md, "Fair scheduling"). 0 sends every call at once.
+    #[arg(long, default_value_t = UpstreamLimits::default().fair_seconds, value_parser = seconds)]
+    pub(super) fair_seconds: f64,
+    /// The least budget of prompt tokens in flight per upstream (see
+    /// --fair-seconds), and the budget before any throughput is measured.
+    #[arg(long, default_value_t = UpstreamLimits::default().fair_tokens, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub(super) fair_tokens: usize,
 }
 
 /// A number of seconds, 0 or more.

@@ -163,6 +163,9 @@ pub async fn score(inner: &Inner, request: &ScoreRequest) -> Result<ScoreResult,
     let lengths: Vec<usize> = prompts.iter().map(Vec::len).collect();
     let limits = &inner.options.limits;
     let (groups, by_ids) = groups(inner, request);
+    // Lists are cut to what may run beside other requests' calls.
+    let suffixes: Vec<usize> = request.questions.iter().map(|q| q.suffix.len()).collect();
+    let fair_room = inner.pool.fair_budget().unwrap_or(usize::MAX);
     let mut parts = Vec::new();
     for (g, (letters, questions)) in groups.iter().enumerate() {
         let step = if by_ids {
@@ -170,12 +173,15 @@ pub async fn score(inner: &Inner, request: &ScoreRequest) -> Result<ScoreResult,
         } else {
             letters.len().max(1)
         };
-        for list in split(
+        let lists = split(
             questions,
             &lengths,
             limits.batch_tokens,
             limits.batch_prompts,
-        ) {
+        )
+        .into_iter()
+        .flat_map(|list| split(&list, &suffixes, fair_room, usize::MAX));
+        for list in lists {
             let mut from = 0;
             loop {
                 let to = (from + step).min(letters.len());
@@ -199,18 +205,23 @@ pub async fn score(inner: &Inner, request: &ScoreRequest) -> Result<ScoreResult,
     // as a decision does before any question continues it; vLLM's prefix
     // cache shares it among the list's prompts either way.
     let lead = request.questions.len() > 1 && state > 0;
-    let send = |(g, part): (usize, Part)| {
+    let send = |(i, (g, part)): (usize, (usize, Part))| {
         let letters = &groups[g].0;
         let list: Vec<Vec<u32>> = lead
             .then(|| request.prefix.clone())
             .into_iter()
             .chain(part.questions.iter().map(|&q| prompts[q].clone()))
             .collect();
+        // What the upstream reads anew (`super::fair`): each question, and
+        // the state in the first list of a state not sent before (its
+        // prefix cache shares it with the others).
+        let weight = part.questions.iter().map(|&q| suffixes[q]).sum::<usize>()
+            + if i == 0 && !sent_before { state } else { 0 };
         async move {
             let sent = Instant::now();
             let (probed, response): (Probed, CompletionResponse) = inner
                 .pool
-                .call_routed(&key, "/v1/completions", score_timeout(inner), |p| {
+                .call_routed(&key, "/v1/completions", score_timeout(inner), weight, |p| {
                     let named = match p.method {
                         LetterMethod::TokenIds => &letters[part.letters.clone()],
                         _ => &letters[..],
@@ -231,7 +242,7 @@ pub async fn score(inner: &Inner, request: &ScoreRequest) -> Result<ScoreResult,
         }
     };
     let requests = parts.len();
-    let lists = futures::stream::iter(parts)
+    let lists = futures::stream::iter(parts.into_iter().enumerate())
         .map(send)
         .buffer_unordered(limits.fan_out.max(1))
         .collect::<Vec<_>>();

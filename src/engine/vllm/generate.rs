@@ -30,6 +30,8 @@ pub async fn chat_passthrough(
             &key,
             "/v1/chat/completions",
             timeout,
+            // Rendered upstream: its tokens are not known here.
+            1,
             |p| p.image_refusal.is_none(),
             |p| {
                 let mut b = body.clone();
@@ -89,20 +91,23 @@ pub async fn generate(
     let k = request.logprobs.unwrap_or(0);
     let echo = request.prompt_logprobs.is_some();
     let timeout = secs(inner.options.limits.generate_timeout_s);
+    let weight = request.prompt.len() + request.max_tokens;
     let (_, response): (Probed, CompletionResponse) = inner
         .pool
-        .call_routed(&key, "/v1/completions", timeout, |p| CompletionRequest {
-            temperature: Some(request.sampling.temperature),
-            top_p: Some(request.sampling.top_p),
-            // The request's signed seed, carried as its bits (src/server/sampling.rs).
-            seed: request.sampling.seed.map(|s| s as i64),
-            // Always asked: the token names carry the generated ids.
-            logprobs: Some(k.max(request.prompt_logprobs.unwrap_or(0))),
-            echo,
-            logprob_token_ids: (!request.logprob_token_ids.is_empty())
-                .then(|| request.logprob_token_ids.clone()),
-            ignore_eos: request.stop_token_ids.is_empty(),
-            ..CompletionRequest::new(&p.model, request.prompt.clone(), request.max_tokens)
+        .call_routed(&key, "/v1/completions", timeout, weight, |p| {
+            CompletionRequest {
+                temperature: Some(request.sampling.temperature),
+                top_p: Some(request.sampling.top_p),
+                // The request's signed seed, carried as its bits (src/server/sampling.rs).
+                seed: request.sampling.seed.map(|s| s as i64),
+                // Always asked: the token names carry the generated ids.
+                logprobs: Some(k.max(request.prompt_logprobs.unwrap_or(0))),
+                echo,
+                logprob_token_ids: (!request.logprob_token_ids.is_empty())
+                    .then(|| request.logprob_token_ids.clone()),
+                ignore_eos: request.stop_token_ids.is_empty(),
+                ..CompletionRequest::new(&p.model, request.prompt.clone(), request.max_tokens)
+            }
         })
         .await?;
     let choice = response

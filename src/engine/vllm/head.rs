@@ -117,13 +117,17 @@ pub async fn probe(
 pub async fn hidden(inner: &Inner, key: &[u8], ids: &[u32]) -> Result<Vec<f32>, EngineError> {
     let head = head_pool(inner, "hidden states")?;
     let (probed, response): (HeadProbed, EmbeddingResponse) = head
-        .call_routed(key, "/v1/embeddings", score_timeout(inner), |p| {
-            EmbeddingRequest {
+        .call_routed(
+            key,
+            "/v1/embeddings",
+            score_timeout(inner),
+            ids.len(),
+            |p| EmbeddingRequest {
                 model: p.model.clone(),
                 input: ids.to_vec(),
                 encoding_format: "base64",
-            }
-        })
+            },
+        )
         .await?;
     let url = head.upstreams.first().map_or("", |u| u.url.as_str());
     let v = response

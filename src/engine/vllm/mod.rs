@@ -31,8 +31,9 @@
 //! `packed` (packed questions), `reading` (a question's letters read from
 //! a completion, for both), `generate` (completions, and chat completions
 //! with images), `head` (the head upstream), `wait` (the start-up wait:
-//! each upstream probed with back-off until it passes), [`pool`] (routing,
-//! retries, faults, health checks: every call has a timeout) and
+//! each upstream probed with back-off until it passes), `fair` (the
+//! upstreams' work in flight shared fairly between requests), [`pool`]
+//! (routing, retries, faults, health checks: every call has a timeout) and
 //! [`protocol`] (the wire types and what is read from them). This file
 //! starts the backend, settles what the first probes tell (context length,
 //! identity; how the route's padding meets the upstream's cache), chooses how a decision's questions are asked, and
@@ -47,6 +48,7 @@
 //! question continues its state).
 
 mod batch;
+mod fair;
 mod generate;
 mod head;
 mod job;
@@ -544,13 +546,16 @@ impl Engine for VllmEngine {
         let guard = self.admit()?;
         let (events, rx) = mpsc::channel(64);
         let inner = self.inner.clone();
-        self.handle()?.spawn(async move {
-            let _guard = guard;
-            let work = generate::generate(&inner, &request, &events);
-            if let Some(Err(e)) = unless_left(&inner.options.metrics, work, events.closed()).await {
-                let _ = events.send(Err(e)).await;
-            }
-        });
+        self.handle()?
+            .spawn(fair::JOB.scope(fair::new_job(), async move {
+                let _guard = guard;
+                let work = generate::generate(&inner, &request, &events);
+                if let Some(Err(e)) =
+                    unless_left(&inner.options.metrics, work, events.closed()).await
+                {
+                    let _ = events.send(Err(e)).await;
+                }
+            }));
         Ok(rx)
     }
 
@@ -558,15 +563,16 @@ impl Engine for VllmEngine {
         let guard = self.admit()?;
         let (reply, rx) = oneshot::channel();
         let inner = self.inner.clone();
-        self.handle()?.spawn(async move {
-            let _guard = guard;
-            let mut reply = reply;
-            let work = score(&inner, &request);
-            let scored = unless_left(&inner.options.metrics, work, reply.closed()).await;
-            if let Some(scored) = scored {
-                let _ = reply.send(scored);
-            }
-        });
+        self.handle()?
+            .spawn(fair::JOB.scope(fair::new_job(), async move {
+                let _guard = guard;
+                let mut reply = reply;
+                let work = score(&inner, &request);
+                let scored = unless_left(&inner.options.metrics, work, reply.closed()).await;
+                if let Some(scored) = scored {
+                    let _ = reply.send(scored);
+                }
+            }));
         Ok(rx)
     }
 
@@ -580,29 +586,30 @@ impl Engine for VllmEngine {
         let guard = self.admit()?;
         let (reply, rx) = oneshot::channel();
         let inner = self.inner.clone();
-        self.handle()?.spawn(async move {
-            let _guard = guard;
-            let fan_out = inner.options.limits.fan_out.max(1);
-            let all = inputs.into_iter().map(|ids| {
-                let inner = inner.clone();
-                async move {
-                    let mut h = Sha256::new();
-                    for id in &ids {
-                        h.update(id.to_le_bytes());
+        self.handle()?
+            .spawn(fair::JOB.scope(fair::new_job(), async move {
+                let _guard = guard;
+                let fan_out = inner.options.limits.fan_out.max(1);
+                let all = inputs.into_iter().map(|ids| {
+                    let inner = inner.clone();
+                    async move {
+                        let mut h = Sha256::new();
+                        for id in &ids {
+                            h.update(id.to_le_bytes());
+                        }
+                        let key: [u8; 32] = h.finalize().into();
+                        head::hidden(&inner, &key, &ids).await
                     }
-                    let key: [u8; 32] = h.finalize().into();
-                    head::hidden(&inner, &key, &ids).await
+                });
+                let work = futures::stream::iter(all)
+                    .buffered(fan_out)
+                    .collect::<Vec<_>>()
+                    .map(|all| all.into_iter().collect());
+                let mut reply = reply;
+                if let Some(all) = unless_left(&inner.options.metrics, work, reply.closed()).await {
+                    let _ = reply.send(all);
                 }
-            });
-            let work = futures::stream::iter(all)
-                .buffered(fan_out)
-                .collect::<Vec<_>>()
-                .map(|all| all.into_iter().collect());
-            let mut reply = reply;
-            if let Some(all) = unless_left(&inner.options.metrics, work, reply.closed()).await {
-                let _ = reply.send(all);
-            }
-        });
+            }));
         Ok(rx)
     }
 
@@ -635,14 +642,17 @@ impl Engine for VllmEngine {
         let guard = self.admit()?;
         let (reply, rx) = oneshot::channel();
         let inner = self.inner.clone();
-        self.handle()?.spawn(async move {
-            let _guard = guard;
-            let mut reply = reply;
-            let work = generate::chat_passthrough(&inner, body);
-            if let Some(answer) = unless_left(&inner.options.metrics, work, reply.closed()).await {
-                let _ = reply.send(answer);
-            }
-        });
+        self.handle()?
+            .spawn(fair::JOB.scope(fair::new_job(), async move {
+                let _guard = guard;
+                let mut reply = reply;
+                let work = generate::chat_passthrough(&inner, body);
+                if let Some(answer) =
+                    unless_left(&inner.options.metrics, work, reply.closed()).await
+                {
+                    let _ = reply.send(answer);
+                }
+            }));
         Ok(rx)
     }
 }

@@ -118,9 +118,10 @@ pub async fn score(inner: &Inner, request: &ScoreRequest) -> Result<ScoreResult,
         }
     }
     let timeout = secs(inner.options.limits.generate_timeout_s);
+    let weight = packed.prompt.len() + packed.max_tokens;
     let (probed, response): (Probed, CompletionResponse) = inner
         .pool
-        .call_routed(&key, "/v1/completions", timeout, |p| {
+        .call_routed(&key, "/v1/completions", timeout, weight, |p| {
             let base = CompletionRequest {
                 // Always asked: the token names carry the generated ids.
                 logprobs: Some(0),

@@ -15,6 +15,10 @@
 //! `eject_after` failures of distinct requests (or health checks) with no
 //! success between, so one client repeating one bad request ejects nothing.
 //!
+//! A routed call first waits its request's turn for its weight in tokens
+//! (`fair.rs`): the pool's upstreams hold a bounded amount of work,
+//! shared between requests.
+//!
 //! The pool knows nothing of what it routes: each upstream carries what its
 //! probe learned (`P`), which the caller turns into request bodies.
 
@@ -27,6 +31,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
+use super::fair::Gate;
 use super::protocol::{error_message, ENGINE_DEAD_MESSAGE};
 use crate::engine::EngineError;
 use crate::metrics::Metrics;
@@ -210,6 +215,8 @@ pub struct Pool<P> {
     checks: AtomicU64,
     /// The clock of [`Upstream::answered_at`].
     epoch: Instant,
+    /// Fair shares of the upstreams' tokens in flight between jobs.
+    gate: Arc<Gate>,
 }
 
 /// The rendezvous weight of an upstream for a key.
@@ -249,7 +256,12 @@ impl<P: Clone> Pool<P> {
                 })
             })
             .collect();
+        let gate = Gate::new(
+            limits.fair_seconds,
+            limits.fair_tokens.saturating_mul(urls.len()),
+        );
         Ok(Pool {
+            gate,
             upstreams,
             client,
             api_key,
@@ -506,15 +518,24 @@ impl<P: Clone> Pool<P> {
         Ok(bytes.to_vec())
     }
 
+    /// The most tokens one call may weigh and still run beside others'
+    /// (`Gate::budget`); `None` when nothing is kept back.
+    pub fn fair_budget(&self) -> Option<usize> {
+        self.gate.budget()
+    }
+
     /// A call that is safe to repeat, on the heaviest admitted upstream for
     /// `key`, then the next ones on failures that are not the request's
     /// own ([`Fault`]). `make` builds the body for the chosen upstream from
-    /// what its probe learned.
+    /// what its probe learned. The call waits its job's turn for `weight`
+    /// tokens of the upstreams' budget (`fair.rs`) first; its
+    /// timeout runs from when it is sent.
     pub async fn call_routed<B, T, F>(
         &self,
         key: &[u8],
         path: &str,
         timeout: Duration,
+        weight: usize,
         make: F,
     ) -> Result<(P, T), UpstreamError>
     where
@@ -522,7 +543,7 @@ impl<P: Clone> Pool<P> {
         T: DeserializeOwned,
         F: Fn(&P) -> B,
     {
-        self.call_routed_where(key, path, timeout, |_| true, make)
+        self.call_routed_where(key, path, timeout, weight, |_| true, make)
             .await
     }
 
@@ -532,6 +553,7 @@ impl<P: Clone> Pool<P> {
         key: &[u8],
         path: &str,
         timeout: Duration,
+        weight: usize,
         accept: impl Fn(&P) -> bool,
         make: F,
     ) -> Result<(P, T), UpstreamError>
@@ -553,6 +575,7 @@ impl<P: Clone> Pool<P> {
                 format!("none of the {admitted} admitted upstream servers takes this request")
             }));
         }
+        let _turn = self.gate.enter(weight).await;
         let attempts = self.limits.retries as usize + 1;
         let mut last = None;
         let mut backoff = Duration::from_millis(self.limits.backoff_ms);

@@ -30,9 +30,12 @@ pub async fn read_letters(
     // requests of their own on the same prompt, each id's log-probability
     // being over the whole vocabulary whichever request reads it.
     let ask = |letters: Vec<u32>| {
-        inner
-            .pool
-            .call_routed(key, "/v1/completions", score_timeout(inner), move |p| {
+        inner.pool.call_routed(
+            key,
+            "/v1/completions",
+            score_timeout(inner),
+            prompt.len(),
+            move |p| {
                 let letters = match p.method {
                     LetterMethod::TokenIds => &letters[..letters.len().min(MAX_LOGPROB_TOKEN_IDS)],
                     _ => &letters[..],
@@ -42,7 +45,8 @@ pub async fn read_letters(
                     CompletionRequest::greedy(&p.model, prompt.to_vec(), 1),
                     letters,
                 )
-            })
+            },
+        )
     };
     let (probed, response): (Probed, CompletionResponse) = ask(read.to_vec()).await?;
     let found_state = state_found(
@@ -82,17 +86,24 @@ async fn echo_letters(
 ) -> Result<Vec<f32>, EngineError> {
     let limits = &inner.options.limits;
     let at = prompt.len();
-    let per_request = (limits.batch_tokens / (at + 1)).clamp(1, limits.batch_prompts.max(1));
+    // Echoes read the whole prompt each (no prefix cache): as many a call
+    // as fit the list bound and what may run beside other requests' calls.
+    let room = inner
+        .pool
+        .fair_budget()
+        .map_or(limits.batch_tokens, |b| b.min(limits.batch_tokens));
+    let per_request = (room / (at + 1)).clamp(1, limits.batch_prompts.max(1));
     let echo = |letters: &[u32]| {
         let prompts: Vec<Vec<u32>> = letters
             .iter()
             .map(|&l| prompt.iter().copied().chain([l]).collect())
             .collect();
         let n = prompts.len();
+        let weight = n * (at + 1);
         async move {
             let (_, response): (Probed, CompletionResponse) = inner
                 .pool
-                .call_routed(key, "/v1/completions", score_timeout(inner), |p| {
+                .call_routed(key, "/v1/completions", score_timeout(inner), weight, |p| {
                     CompletionRequest {
                         logprobs: Some(0),
                         echo: true,
