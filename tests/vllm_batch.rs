@@ -115,7 +115,9 @@ fn a_state_s_questions_are_one_request_or_split_by_the_bounds_with_the_same_bits
 #[test]
 fn a_question_of_255_options_is_read_past_the_128_ids_of_one_request() {
     let mlx = Server::start(&[]);
-    let gw = gateway(&mlx, &[]);
+    // A fair budget that does not cut the two questions apart (a fresh
+    // gateway's is `--fair-tokens` until it measured its upstream).
+    let gw = gateway(&mlx, &["--fair-tokens", "65536"]);
     let options: Vec<String> = (0..255).map(|i| format!("a crate of {i} apples")).collect();
     let body = json!({"state": "The sky on a clear day is blue.", "questions": [
         {"text": "Which crate holds 200 apples?", "options": options},
