@@ -370,6 +370,22 @@ impl VllmEngine {
         }
         Ok(guard)
     }
+
+    /// Admits a job and runs `work` on the backend's runtime as one
+    /// request of the upstreams' fair shares (`fair.rs`), counted in the
+    /// queue depth until it ends.
+    fn run_job(
+        &self,
+        work: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> Result<(), EngineError> {
+        let guard = self.admit()?;
+        self.handle()?
+            .spawn(fair::JOB.scope(fair::new_job(), async move {
+                let _guard = guard;
+                work.await;
+            }));
+        Ok(())
+    }
 }
 
 /// The first probe of every upstream, at once, then of the head upstream
@@ -543,36 +559,27 @@ impl Engine for VllmEngine {
     }
 
     fn generate(&self, request: GenerateRequest) -> Result<GenerateStream, EngineError> {
-        let guard = self.admit()?;
         let (events, rx) = mpsc::channel(64);
         let inner = self.inner.clone();
-        self.handle()?
-            .spawn(fair::JOB.scope(fair::new_job(), async move {
-                let _guard = guard;
-                let work = generate::generate(&inner, &request, &events);
-                if let Some(Err(e)) =
-                    unless_left(&inner.options.metrics, work, events.closed()).await
-                {
-                    let _ = events.send(Err(e)).await;
-                }
-            }));
+        self.run_job(async move {
+            let work = generate::generate(&inner, &request, &events);
+            if let Some(Err(e)) = unless_left(&inner.options.metrics, work, events.closed()).await {
+                let _ = events.send(Err(e)).await;
+            }
+        })?;
         Ok(rx)
     }
 
     fn score(&self, request: ScoreRequest) -> Result<ScoreReceiver, EngineError> {
-        let guard = self.admit()?;
-        let (reply, rx) = oneshot::channel();
+        let (mut reply, rx) = oneshot::channel();
         let inner = self.inner.clone();
-        self.handle()?
-            .spawn(fair::JOB.scope(fair::new_job(), async move {
-                let _guard = guard;
-                let mut reply = reply;
-                let work = score(&inner, &request);
-                let scored = unless_left(&inner.options.metrics, work, reply.closed()).await;
-                if let Some(scored) = scored {
-                    let _ = reply.send(scored);
-                }
-            }));
+        self.run_job(async move {
+            let work = score(&inner, &request);
+            let scored = unless_left(&inner.options.metrics, work, reply.closed()).await;
+            if let Some(scored) = scored {
+                let _ = reply.send(scored);
+            }
+        })?;
         Ok(rx)
     }
 
@@ -583,33 +590,29 @@ impl Engine for VllmEngine {
 
     fn embed(&self, inputs: Vec<Vec<u32>>) -> Result<EmbedReceiver, EngineError> {
         head::head_pool(&self.inner, "embeddings")?;
-        let guard = self.admit()?;
-        let (reply, rx) = oneshot::channel();
+        let (mut reply, rx) = oneshot::channel();
         let inner = self.inner.clone();
-        self.handle()?
-            .spawn(fair::JOB.scope(fair::new_job(), async move {
-                let _guard = guard;
-                let fan_out = inner.options.limits.fan_out.max(1);
-                let all = inputs.into_iter().map(|ids| {
-                    let inner = inner.clone();
-                    async move {
-                        let mut h = Sha256::new();
-                        for id in &ids {
-                            h.update(id.to_le_bytes());
-                        }
-                        let key: [u8; 32] = h.finalize().into();
-                        head::hidden(&inner, &key, &ids).await
+        self.run_job(async move {
+            let fan_out = inner.options.limits.fan_out.max(1);
+            let all = inputs.into_iter().map(|ids| {
+                let inner = inner.clone();
+                async move {
+                    let mut h = Sha256::new();
+                    for id in &ids {
+                        h.update(id.to_le_bytes());
                     }
-                });
-                let work = futures::stream::iter(all)
-                    .buffered(fan_out)
-                    .collect::<Vec<_>>()
-                    .map(|all| all.into_iter().collect());
-                let mut reply = reply;
-                if let Some(all) = unless_left(&inner.options.metrics, work, reply.closed()).await {
-                    let _ = reply.send(all);
+                    let key: [u8; 32] = h.finalize().into();
+                    head::hidden(&inner, &key, &ids).await
                 }
-            }));
+            });
+            let work = futures::stream::iter(all)
+                .buffered(fan_out)
+                .collect::<Vec<_>>()
+                .map(|all| all.into_iter().collect());
+            if let Some(all) = unless_left(&inner.options.metrics, work, reply.closed()).await {
+                let _ = reply.send(all);
+            }
+        })?;
         Ok(rx)
     }
 
@@ -639,20 +642,14 @@ impl Engine for VllmEngine {
     }
 
     fn chat_passthrough(&self, body: serde_json::Value) -> Result<ChatReceiver, EngineError> {
-        let guard = self.admit()?;
-        let (reply, rx) = oneshot::channel();
+        let (mut reply, rx) = oneshot::channel();
         let inner = self.inner.clone();
-        self.handle()?
-            .spawn(fair::JOB.scope(fair::new_job(), async move {
-                let _guard = guard;
-                let mut reply = reply;
-                let work = generate::chat_passthrough(&inner, body);
-                if let Some(answer) =
-                    unless_left(&inner.options.metrics, work, reply.closed()).await
-                {
-                    let _ = reply.send(answer);
-                }
-            }));
+        self.run_job(async move {
+            let work = generate::chat_passthrough(&inner, body);
+            if let Some(answer) = unless_left(&inner.options.metrics, work, reply.closed()).await {
+                let _ = reply.send(answer);
+            }
+        })?;
         Ok(rx)
     }
 }
