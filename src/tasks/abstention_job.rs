@@ -216,6 +216,13 @@ impl TaskRegistry {
         mut job: AbstentionJob,
         examples: &[JobExample],
     ) -> Result<(), TaskError> {
+        // Serialized before the lock: only the checks, the file's atomic
+        // write and the insertion hold it.
+        let mut lines = Vec::new();
+        for e in examples {
+            serde_json::to_writer(&mut lines, e).map_err(|e| TaskError::Store(e.to_string()))?;
+            lines.push(b'\n');
+        }
         let mut jobs = self.jobs_lock();
         if jobs.get(&job.id).is_some_and(|j| j.status.pending()) {
             return Err(TaskError::Taken {
@@ -240,11 +247,6 @@ impl TaskRegistry {
             });
         }
         let f = files(&self.store, &job.id);
-        let mut lines = Vec::new();
-        for e in examples {
-            serde_json::to_writer(&mut lines, e).map_err(|e| TaskError::Store(e.to_string()))?;
-            lines.push(b'\n');
-        }
         let _ = fs::remove_file(&f.scored);
         write_atomic(&f.examples, &lines).map_err(|e| TaskError::Store(io(&f.examples, e)))?;
         job.status = JobStatus::Queued;
