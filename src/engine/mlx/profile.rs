@@ -26,9 +26,11 @@ use super::MlxResult;
 pub enum Class {
     /// The linear layers' matrix products (projections, MLP, output head).
     Products,
-    /// Attention's two products (queries by keys, weights by values).
+    /// Attention's two products (queries by keys, weights by values); on
+    /// the float32 host kernels also the softmax between them, which runs
+    /// tile by tile on every core with them (`host/workers.rs`).
     AttentionProducts,
-    /// Attention's softmax (and its mask).
+    /// Attention's softmax (and its mask) where MLX computes the products.
     Softmax,
     /// RMS norms.
     Norms,

@@ -11,6 +11,7 @@
 
 use mlx_rs::{ops, Array, Dtype};
 
+use super::workers::{on_cores, Tile};
 use super::{host_f32, softmax_row_in_place, with_buffers, with_scratch};
 use crate::engine::mlx::profile::{self, Class};
 use crate::engine::mlx::MlxResult;
@@ -280,45 +281,52 @@ fn causal_tiles(
 ) {
     let tile = causal_tile(t);
     let before = t - l;
+    let mut tiles = Vec::new();
     for bi in 0..batch {
-        let (keys, values) = (&k[bi * t * d..], &v[bi * t * d..]);
         for g in 0..groups {
             for from in (0..l).step_by(tile) {
                 let rows = tile.min(l - from);
-                let width = before + from + rows;
                 let at = (bi * groups + g) * l + from;
-                let s = &mut scores[..rows * width];
-                let flops = 2.0 * (rows * width * d) as f64;
-                profile::host(Class::AttentionProducts, flops, || {
-                    let q = (&q[at * d..], d);
-                    gemm(
-                        sgemm,
-                        q,
-                        (keys, d, true),
-                        (s, width),
-                        (rows, width, d),
-                        false,
-                    )
-                });
-                profile::host(Class::Softmax, 5.0 * s.len() as f64, || {
-                    for (i, row) in s.chunks_exact_mut(width).enumerate() {
-                        softmax_row_in_place(row, before + from + i + 1);
-                    }
-                });
-                profile::host(Class::AttentionProducts, flops, || {
-                    let c = (&mut out[at * d..], d);
-                    gemm(
-                        sgemm,
-                        (s, width),
-                        (values, d, false),
-                        c,
-                        (rows, d, width),
-                        false,
-                    )
+                let width = before + from + rows;
+                tiles.push(Tile {
+                    at,
+                    rows,
+                    width,
+                    kv: bi,
+                    from,
                 });
             }
         }
     }
+    // Profiled whole: the softmax runs between each tile's products.
+    let flops: usize = tiles.iter().map(|x| 4 * x.rows * x.width * d).sum();
+    profile::host(Class::AttentionProducts, flops as f64, || {
+        on_cores(&tiles, d, scores, out, |x, s, out| {
+            let (keys, values) = (&k[x.kv * t * d..], &v[x.kv * t * d..]);
+            let (rows, width) = (x.rows, x.width);
+            let q = (&q[x.at * d..], d);
+            gemm(
+                sgemm,
+                q,
+                (keys, d, true),
+                (s, width),
+                (rows, width, d),
+                false,
+            );
+            for (i, row) in s.chunks_exact_mut(width).enumerate() {
+                softmax_row_in_place(row, before + x.from + i + 1);
+            }
+            let c = (out, d);
+            gemm(
+                sgemm,
+                (s, width),
+                (values, d, false),
+                c,
+                (rows, d, width),
+                false,
+            );
+        })
+    });
 }
 
 /// A question pass's attention ([`super::attention::split_attention`]) on
@@ -389,44 +397,52 @@ pub fn split_attention(
     // bits do not depend on the tile: each product sums over the same
     // inner dimension whatever its number of rows.
     let tile = (TILE_SCORES / width).clamp(16, block.max(16)).min(block);
-    let out = with_buffers(tile * width, rows * d_, |scores, out| {
-        for g in 0..kvh_ {
-            for r in 0..b_ {
-                let at = g * per_head + r * block;
-                let (keys, values) = (
-                    &ko[(r * kvh_ + g) * t_ * d_..],
-                    &vo[(r * kvh_ + g) * t_ * d_..],
-                );
-                for from in (0..block).step_by(tile) {
-                    let m = tile.min(block - from);
-                    let (q, s) = (&qs[(at + from) * d_..], &mut scores[..m * width]);
-                    if let Some((ks, _)) = state {
-                        let ks = &ks[g * s_ * d_..];
-                        gemm(
-                            sgemm,
-                            (q, d_),
-                            (ks, d_, true),
-                            (s, width),
-                            (m, s_, d_),
-                            false,
-                        );
-                    }
-                    let own = &mut s[s_..];
-                    let keys = (keys, d_, true);
-                    gemm(sgemm, (q, d_), keys, (own, width), (m, t_, d_), false);
-                    for (i, row) in s.chunks_exact_mut(width).enumerate() {
-                        softmax_row_in_place(row, s_ + t_ - l_ + (from + i) % l_ + 1);
-                    }
-                    let c = &mut out[(at + from) * d_..];
-                    if let Some((_, vs)) = state {
-                        let vs = &vs[g * s_ * d_..];
-                        weighted(s, width, vs, c, (m, d_, s_), false);
-                    }
-                    let own = &s[s_..];
-                    weighted(own, width, values, c, (m, d_, t_), state.is_some());
-                }
+    let mut tiles = Vec::new();
+    for g in 0..kvh_ {
+        for r in 0..b_ {
+            for from in (0..block).step_by(tile) {
+                let at = g * per_head + r * block + from;
+                let rows = tile.min(block - from);
+                tiles.push(Tile {
+                    at,
+                    rows,
+                    width,
+                    kv: r * kvh_ + g,
+                    from,
+                });
             }
         }
+    }
+    // Profiled whole by the caller (`super::attention::attention`).
+    let out = with_buffers(tile * width, rows * d_, |scores, out| {
+        on_cores(&tiles, d_, scores, out, |x, s, c| {
+            let g = x.kv % kvh_;
+            let (keys, values) = (&ko[x.kv * t_ * d_..], &vo[x.kv * t_ * d_..]);
+            let (m, q) = (x.rows, &qs[x.at * d_..]);
+            if let Some((ks, _)) = state {
+                let ks = &ks[g * s_ * d_..];
+                gemm(
+                    sgemm,
+                    (q, d_),
+                    (ks, d_, true),
+                    (s, width),
+                    (m, s_, d_),
+                    false,
+                );
+            }
+            let own = &mut s[s_..];
+            let keys = (keys, d_, true);
+            gemm(sgemm, (q, d_), keys, (own, width), (m, t_, d_), false);
+            for (i, row) in s.chunks_exact_mut(width).enumerate() {
+                softmax_row_in_place(row, s_ + t_ - l_ + (x.from + i) % l_ + 1);
+            }
+            if let Some((_, vs)) = state {
+                let vs = &vs[g * s_ * d_..];
+                weighted(s, width, vs, c, (m, d_, s_), false);
+            }
+            let own = &s[s_..];
+            weighted(own, width, values, c, (m, d_, t_), state.is_some());
+        });
         Array::from_slice(out, &[kvh, b, rep, l, d])
     });
     let out = out.transpose_axes(&[1, 0, 2, 3, 4])?;

@@ -21,6 +21,7 @@ use mlx_rs::{Array, Dtype};
 
 mod attention;
 mod rows;
+mod workers;
 pub use attention::{attention, blas_product, split_attention, MAX_INNER};
 pub use rows::{rms_norm, rope};
 
