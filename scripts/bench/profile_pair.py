@@ -12,7 +12,7 @@ Cases (the System One bench's shapes): a new 1,000-token state and one
 question of 40 tokens; a new 3,000-token state and a pass of 17 questions
 of 80 (the seen case's pass).
 
-usage: python scripts/bench/profile_pair.py --before COMMIT [--rounds 3] [--name attention-cores]
+usage: python scripts/bench/profile_pair.py --before COMMIT [--rounds 3] [--name attention-cores] [--rewrite]
 """
 
 import argparse
@@ -32,7 +32,11 @@ CASES = {
 
 
 def build(tree, into):
-    """Builds the example in `tree` and copies it to `into`."""
+    """Builds the example in `tree` and copies it to `into`. The two trees
+    share one target folder, where cargo takes the other tree's build of
+    the crate for its own (the same package, so the same unit): the crate's
+    build is cleaned first."""
+    subprocess.run(["cargo", "clean", "--release", "-p", "decisio"], cwd=tree, check=True)
     subprocess.run(["cargo", "build", "--release", "--locked", "--example", "cpu_profile"],
                    cwd=tree, check=True)
     target = pathlib.Path(common.DECISIO).parent
@@ -55,32 +59,44 @@ def main():
     ap.add_argument("--before", required=True)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--name", default="profile-pair")
+    ap.add_argument("--rewrite", action="store_true",
+                    help="write summary.md and times.png again from the record's raw runs, running nothing")
     a = ap.parse_args()
     out = common.run_dir(a.name)
     (out / "raw").mkdir(exist_ok=True)
-    bins = pathlib.Path(tempfile.mkdtemp(prefix="decisio-pair-"))
-    tree = bins / "before"
-    subprocess.run(["git", "worktree", "add", "--detach", str(tree), a.before], cwd=common.ROOT, check=True)
-    try:
-        config = common.ROOT / ".cargo/config.toml"
-        if config.exists():  # the machine's MLX set-up (scripts/mlx-linux/setup.sh)
-            (tree / ".cargo").mkdir(exist_ok=True)
-            shutil.copy(config, tree / ".cargo/config.toml")
-        build(tree, bins / "before-bin")
-    finally:
-        subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=common.ROOT, check=True)
-    build(common.ROOT, bins / "after-bin")
     runs = {case: {"before": [], "after": []} for case in CASES}
-    for r in range(a.rounds):
-        for case, args in CASES.items():
-            for side in ("before", "after"):
-                path = out / "raw" / f"{case}_{side}_{r + 1}.json"
-                subprocess.run([str(bins / f"{side}-bin"), "--model", str(common.MODEL), str(path),
-                                *args, "--chunk", "512"], check=True, capture_output=True)
-                runs[case][side].append(figures(json.loads(path.read_text())))
-                print(case, side, r + 1, flush=True)
-    results = {"before": a.before, "rounds": a.rounds, "cases": {}}
-    lines = [f"# CPU profile: the working tree beside {a.before}, paired round by round", "",
+    if a.rewrite:  # the record's raw runs, read again
+        for r in range(a.rounds):
+            for case in CASES:
+                for side in ("before", "after"):
+                    path = out / "raw" / f"{case}_{side}_{r + 1}.json"
+                    runs[case][side].append(figures(json.loads(path.read_text())))
+    else:
+        bins = pathlib.Path(tempfile.mkdtemp(prefix="decisio-pair-"))
+        tree = bins / "before"
+        subprocess.run(["git", "worktree", "add", "--detach", str(tree), a.before], cwd=common.ROOT, check=True)
+        try:
+            config = common.ROOT / ".cargo/config.toml"
+            if config.exists():  # the machine's MLX set-up (scripts/mlx-linux/setup.sh)
+                (tree / ".cargo").mkdir(exist_ok=True)
+                shutil.copy(config, tree / ".cargo/config.toml")
+            build(tree, bins / "before-bin")
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=common.ROOT, check=True)
+        build(common.ROOT, bins / "after-bin")
+        for r in range(a.rounds):
+            for case, args in CASES.items():
+                for side in ("before", "after"):
+                    path = out / "raw" / f"{case}_{side}_{r + 1}.json"
+                    subprocess.run([str(bins / f"{side}-bin"), "--model", str(common.MODEL), str(path),
+                                    *args, "--chunk", "512"], check=True, capture_output=True)
+                    runs[case][side].append(figures(json.loads(path.read_text())))
+                    print(case, side, r + 1, flush=True)
+    after = (json.loads((out / "results.json").read_text()).get("after") if a.rewrite else None) or \
+        subprocess.run(["git", "describe", "--always", "--dirty"], cwd=common.ROOT, capture_output=True,
+                       text=True).stdout.strip()
+    results = {"before": a.before, "after": after, "rounds": a.rounds, "cases": {}}
+    lines = [f"# CPU profile: {after} beside {a.before}, paired round by round", "",
              f"Command: `python scripts/bench/profile_pair.py --before {a.before} --rounds {a.rounds} "
              f"--name {a.name}`; the fixture ({common.MODEL.name}), `--chunk 512`.", "",
              "Ratio: the change's over the build before, within a round; median (min to max) of the rounds.", ""]

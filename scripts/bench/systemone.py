@@ -49,6 +49,11 @@ the states' read is the questions' time), `decisio_question_passes_total`
 and `decisio_merged_jobs_total` are summed per subject and case, and each
 response's `cached` flag kept.
 
+Roofline (with `mlx`): each case's floating-point work on the fixture
+(from the state's tokens and the questions' as MLX's wire responses report
+them) at the machine's float32 product rate measured in the same run,
+beside the reference's time: where a target lies under that floor's ratio.
+
 Writes runs/<date>_<--name>/{summary.md,results.json,times.png}; the
 plot with matplotlib when it imports, else with the project's `paired_bars`
 example when built (`make bench-systemone` builds it).
@@ -171,13 +176,15 @@ def split_add(into, before, after):
 
 
 def ask(port, route, doc, qs):
-    """One timed request; returns (seconds, answers, cached flag or None)."""
+    """One timed request; returns (seconds, answers, what the response says
+    of its state: `cached`, `tokens`, and `input_tokens` from its usage)."""
     body = {"state": doc, "questions": qs if route == WIRE else as_decide(qs)}
     seconds, out = common.post(port, route, body)
     if len(out["answers"]) != len(qs):
         raise RuntimeError(f"port {port} {route}: {len(out['answers'])} answers of {len(qs)}")
-    state = out.get("state") or out.get("x_state") or {}
-    return seconds, out["answers"], state.get("cached")
+    state = dict(out.get("state") or out.get("x_state") or {})
+    state["input_tokens"] = (out.get("usage") or {}).get("input_tokens")
+    return seconds, out["answers"], state
 
 
 def top(answer):
@@ -272,6 +279,7 @@ def run(a, ports):
     split = {c: {key(*s): {} for s in subjects if s[0] in decisio} for c in a.cases}
     conc = {s: [] for s in ports}
     agree, tokens = [], {"state": [], "document": []}
+    sizes = {c: [] for c in ("read", "new", "seen")}
     for rnd in range(a.rounds + 1):
         warm = rnd == 0
         order = subjects[rnd % len(subjects):] + subjects[:rnd % len(subjects)]
@@ -293,11 +301,14 @@ def run(a, ports):
                 qs = qgen.take(1 if case == "read" else a.questions)
                 before = metrics(ports[srv]) if srv in decisio else None
                 common.settle()
-                secs, _, flag = ask(ports[srv], route, doc, qs)
+                secs, _, said = ask(ports[srv], route, doc, qs)
                 if warm:
                     continue
                 times[case][key(srv, route)].append(secs / (len(qs) if case == "seen" else 1))
-                cached[case][key(srv, route)].append(flag)
+                cached[case][key(srv, route)].append(said.get("cached"))
+                if srv == "mlx" and route == WIRE and said.get("input_tokens"):
+                    sizes[case].append({"state": said["tokens"], "questions": len(qs),
+                                        "question_text": said["input_tokens"] - said["tokens"]})
                 if before:
                     split_add(split[case][key(srv, route)], before, metrics(ports[srv]))
         if "ref" in ports and len(ports) > 1:
@@ -324,7 +335,66 @@ def run(a, ports):
         if not warm:
             print(f"[bench] round {rnd} of {a.rounds} done", flush=True)
     return {"subjects": [key(*s) for s in subjects], "seconds": times, "cached": cached,
-            "split": split, "concurrent": conc, "agreement_with_ref": agree, "tokens": tokens}
+            "split": split, "concurrent": conc, "agreement_with_ref": agree, "tokens": tokens,
+            "sizes": sizes, "tail_tokens": tok(ANSWER_TAIL) if decisio else None}
+
+
+# What follows a question's text in its prompt on the fixture (ChatML): the
+# turn's end, the generation prompt, then the answer slot.
+ANSWER_TAIL = "<|im_end|>\n<|im_start|>assistant\nAnswer:"
+TARGETS = {"read": 1.0, "new": 0.6, "seen": 0.5}
+
+
+def gemm_rate():
+    """The machine's float32 product rate in GFLOP/s: numpy's BLAS on the
+    fixture's largest linear shape (1,024 tokens by its MLP), median of 9."""
+    import numpy as np
+    cfg = json.loads((common.MODEL / "config.json").read_text())
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1024, cfg["hidden_size"]), dtype=np.float32)
+    w = rng.standard_normal((cfg["hidden_size"], cfg["intermediate_size"]), dtype=np.float32)
+    x @ w
+    times = []
+    for _ in range(9):
+        t = time.perf_counter()
+        x @ w
+        times.append(time.perf_counter() - t)
+    times.sort()
+    return 2 * x.shape[0] * w.shape[0] * w.shape[1] / times[4] / 1e9
+
+
+def roofline(rec, summary, rate):
+    """Per case, the floating-point work MLX's read of it takes on the
+    fixture (the linear layers for every token, the output head once a
+    question, attention's two products over every key a query sees) and
+    the time it takes at `rate`: the floor no float32 implementation of the
+    same prompts runs under on this machine, over the reference's time."""
+    cfg = json.loads((common.MODEL / "config.json").read_text())
+    h, layers, vocab = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
+    heads, kvh = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    hd = cfg.get("head_dim") or h // heads
+    linear = 2 * layers * (2 * h * heads * hd + 2 * h * kvh * hd + 3 * h * cfg["intermediate_size"])
+    att = 4 * layers * heads * hd  # per query and key seen
+    out = {}
+    for case, sizes in rec["sizes"].items():
+        ref = ((summary.get(case) or {}).get(f"ref {WIRE}") or {}).get("time")
+        if not sizes or not ref:
+            continue
+        flops = []
+        for z in sizes:
+            n, s_ = z["questions"], z["state"]
+            q = z["question_text"] / n + (rec["tail_tokens"] or 0)
+            f = n * (linear * q + 2 * h * vocab + att * (s_ * q + q * (q + 1) / 2))
+            if case != "seen":
+                f += linear * s_ + att * s_ * (s_ + 1) / 2
+            flops.append(f / (n if case == "seen" else 1))
+        floor = sorted(flops)[len(flops) // 2] / (rate * 1e9)
+        out[case] = {"gflop": sorted(flops)[len(flops) // 2] / 1e9, "floor_s": floor,
+                     "ref_s": ref["median"], "floor_ratio": floor / ref["median"],
+                     "target": TARGETS[case], "question_tokens":
+                     sum(z["question_text"] / z["questions"] for z in sizes) / len(sizes)
+                     + (rec["tail_tokens"] or 0)}
+    return out
 
 
 def summarize(rec, ref="ref"):
@@ -459,6 +529,21 @@ def write(a, out, rec, summary, picture):
                 lines.append(f"| {case} | {label(s)} | {v['states']:.0f} | {v['state_s']:.2f} |"
                              f" {v['questions']:.0f} | {v['decision_s'] - v['state_s']:.2f} |"
                              f" {v['passes']:.0f} | {v['merged_jobs']:.0f} |")
+    if rec.get("roofline"):
+        lines += ["", "## Roofline (MLX)", "",
+                  f"The work of each case's prompts on the fixture at the machine's float32 product rate,"
+                  f" {rec['gemm_rate']:.0f} GFLOP/s (numpy's BLAS on the fixture's largest linear shape, in"
+                  " this run): the linear layers for every token, the output head once a question,"
+                  " attention's two products over every key each query sees. A question's tokens:"
+                  f" its text (the response's `usage` less the state's) and the {rec['tail_tokens']}"
+                  " of the turn's end and answer slot. The floor is the time of that work at that"
+                  " rate; its ratio is over the reference's median time. A target under the floor's"
+                  " ratio is out of reach of float32 arithmetic on this machine, whatever the kernels.",
+                  "", "| case | question tokens | GFLOP | floor s | reference s | floor ratio | target |",
+                  "|---|---|---|---|---|---|---|"]
+        for case, r in rec["roofline"].items():
+            lines.append(f"| {case} | {r['question_tokens']:.1f} | {r['gflop']:.1f} | {r['floor_s']:.3f} |"
+                         f" {r['ref_s']:.3f} | {r['floor_ratio']:.2f} | {r['target']} |")
     lines += ["", f"`times.png`: {picture}. `results.json`: every time and latency.", ""]
     (out / "summary.md").write_text("\n".join(lines))
     print("\n".join(lines))
@@ -491,6 +576,9 @@ def main():
     finally:
         stop(procs)
     summary = summarize(rec)
+    if "mlx" in a.servers:
+        rec["gemm_rate"] = gemm_rate()
+        rec["roofline"] = roofline(rec, summary, rec["gemm_rate"])
     picture = plot(summary, out / "times.png", a.questions)
     (out / "results.json").write_text(json.dumps(
         {"machine": common.machine(), "options": vars(a), **rec, "summary": summary}, indent=2) + "\n")

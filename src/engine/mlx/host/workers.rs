@@ -9,8 +9,8 @@
 //! side of 64, the head size, or of 128 keys), and left the softmax
 //! between the products on one core: attention ran at about 100 GFLOP/s
 //! where the linear products run at 190 on a 2-core machine. Whole tiles a
-//! core took a 3,000-token state's attention to 0.45 to 0.76 of its time
-//! and a pass of 17 questions' to 0.46 to 0.65
+//! core took a pass of 17 questions' attention to 0.57 of its time
+//! (median of 3 paired rounds) and a 3,000-token state's to 0.45
 //! (`runs/2026-12-06_attention-cores`).
 //!
 //! A tile's bits are those of a single-threaded `sgemm` of its shapes,
