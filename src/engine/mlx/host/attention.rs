@@ -104,10 +104,9 @@ pub const MAX_INNER: usize = 128;
 fn sgemm() -> Option<Sgemm> {
     static SGEMM: std::sync::OnceLock<Option<Sgemm>> = std::sync::OnceLock::new();
     *SGEMM.get_or_init(|| {
-        // SAFETY: dlsym with a NUL-terminated name only looks the symbol up.
-        let sym = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"cblas_sgemm".as_ptr()) };
         // SAFETY: a loaded `cblas_sgemm` has the CBLAS signature above.
-        (!sym.is_null()).then(|| unsafe { std::mem::transmute::<*mut libc::c_void, Sgemm>(sym) })
+        super::symbol(c"cblas_sgemm")
+            .map(|sym| unsafe { std::mem::transmute::<*mut libc::c_void, Sgemm>(sym) })
     })
 }
 

@@ -156,6 +156,14 @@ use widest;
 widest!(fn softmax_row_in_place(row: &mut [f32], valid: usize) => softmax_row_body);
 widest!(fn swiglu_rows(g: &[f32], u: &[f32], out: &mut [f32]) => swiglu_body);
 
+/// The address of the function `name` in the process (the BLAS MLX's
+/// products call is found by name this way), `None` where none is loaded.
+fn symbol(name: &std::ffi::CStr) -> Option<*mut libc::c_void> {
+    // SAFETY: dlsym with a NUL-terminated name only looks the symbol up.
+    let sym = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
+    (!sym.is_null()).then_some(sym)
+}
+
 thread_local! {
     /// [`with_buffers`]' two buffers.
     static BUFFERS: std::cell::RefCell<(Vec<f32>, Vec<f32>)> =

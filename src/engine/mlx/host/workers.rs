@@ -49,29 +49,44 @@ fn blas_threads() -> Option<&'static BlasThreads> {
     static THREADS: OnceLock<Option<BlasThreads>> = OnceLock::new();
     THREADS
         .get_or_init(|| {
-            // SAFETY: dlsym with NUL-terminated names only looks them up.
-            let (set, get) = unsafe {
-                (
-                    libc::dlsym(libc::RTLD_DEFAULT, c"openblas_set_num_threads".as_ptr()),
-                    libc::dlsym(libc::RTLD_DEFAULT, c"openblas_get_num_threads".as_ptr()),
-                )
-            };
-            (!set.is_null() && !get.is_null()).then(|| {
-                // SAFETY: OpenBLAS's `void openblas_set_num_threads(int)`
-                // and `int openblas_get_num_threads(void)`.
-                unsafe {
-                    BlasThreads {
-                        set: std::mem::transmute::<*mut libc::c_void, unsafe extern "C" fn(i32)>(
-                            set,
-                        ),
-                        get: std::mem::transmute::<*mut libc::c_void, unsafe extern "C" fn() -> i32>(
-                            get,
-                        ),
-                    }
-                }
-            })
+            let set = super::symbol(c"openblas_set_num_threads")?;
+            let get = super::symbol(c"openblas_get_num_threads")?;
+            // SAFETY: OpenBLAS's `void openblas_set_num_threads(int)` and
+            // `int openblas_get_num_threads(void)`.
+            unsafe {
+                Some(BlasThreads {
+                    set: std::mem::transmute::<*mut libc::c_void, unsafe extern "C" fn(i32)>(set),
+                    get: std::mem::transmute::<*mut libc::c_void, unsafe extern "C" fn() -> i32>(
+                        get,
+                    ),
+                })
+            }
         })
         .as_ref()
+}
+
+/// OpenBLAS on one thread while this lives: its thread count before is set
+/// back when it drops, also where a tile panics.
+struct OneBlasThread(Option<(&'static BlasThreads, i32)>);
+
+impl OneBlasThread {
+    fn new() -> Self {
+        // SAFETY: OpenBLAS's thread count, read and set from this thread.
+        OneBlasThread(blas_threads().map(|b| unsafe {
+            let n = (b.get)();
+            (b.set)(1);
+            (b, n)
+        }))
+    }
+}
+
+impl Drop for OneBlasThread {
+    fn drop(&mut self) {
+        if let Some((b, n)) = self.0 {
+            // SAFETY: as in `new`.
+            unsafe { (b.set)(n) };
+        }
+    }
 }
 
 /// The threads the tiles run on: one a core the process may use, where
@@ -112,13 +127,7 @@ pub(super) fn on_cores(
     } else {
         1
     };
-    let blas = blas_threads();
-    // SAFETY: OpenBLAS's thread count, read and set from this thread.
-    let before = blas.map(|b| unsafe {
-        let n = (b.get)();
-        (b.set)(1);
-        n
-    });
+    let _one = OneBlasThread::new();
     let base = first.at;
     let run_part = |part: &[Tile], scores: &mut [f32], out: &mut [f32], from: usize| {
         for t in part {
@@ -164,9 +173,5 @@ pub(super) fn on_cores(
                 run_part(part, scores, here, from);
             }
         });
-    }
-    if let (Some(b), Some(n)) = (blas, before) {
-        // SAFETY: as above.
-        unsafe { (b.set)(n) };
     }
 }
