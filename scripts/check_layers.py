@@ -17,6 +17,9 @@ checks two rules (`docs/design/layout.md`):
    from `FLOORS` is an error, so a new module is placed when it is added.
 
 3. **Files stay readable.** No file is longer than `MAX_LINES` lines.
+4. **The backend behind the route.** The modules of `BEHIND_ROUTE` (the
+   HTTP surface and the task registry) import nothing of `engine`: they
+   ask the text route, which re-exports the few engine words they use.
 
 `--show MODULE` prints that module's graph of child imports (`crate` for the
 top level). Exits 1 with one line per fault; prints a one-line summary when
@@ -41,6 +44,9 @@ FLOORS = [
     ["prompt", "bases", "hub", "metrics", "settings", "client", "progress"],
     ["stats", "model_config", "rng", "base64"],
 ]
+
+# The floors that reach the backend only through the route.
+BEHIND_ROUTE = ["server", "tasks"]
 
 # The longest a source file may be (docs/design/layout.md).
 MAX_LINES = 700
@@ -234,6 +240,9 @@ def main():
             if a[0] in floor and b[0] in floor and floor[b[0]] < floor[a[0]]:
                 faults.append(f"{a[0]} (floor {floor[a[0]]}) imports {b[0]} (floor {floor[b[0]]}), "
                               "a floor above it: move the shared item down")
+    for a, bs in sorted(children_graph(g, ()).items()):
+        if a[0] in BEHIND_ROUTE and any(b[0] == "engine" for b in bs):
+            faults.append(f"{a[0]} imports engine: ask the route (crate::route) instead")
     for module, file in sorted(mods.items()):
         lines = file.read_text().count("\n")
         if lines > MAX_LINES:
@@ -243,7 +252,8 @@ def main():
         print(f)
     if faults:
         return 1
-    print(f"layers: {len(mods)} modules, no circle, no import up a floor, none over {MAX_LINES} lines")
+    print(f"layers: {len(mods)} modules, no circle, no import up a floor, {', '.join(BEHIND_ROUTE)}"
+          f" behind the route, none over {MAX_LINES} lines")
     return 0
 
 

@@ -95,9 +95,29 @@ fn an_abstention_task_is_fitted_served_kept_and_removed() {
     let plain = ask(&s, "Is my parcel in Paris yet?", question(UNSURE));
     assert!(plain.get("x_abstention_task").is_none(), "{plain}");
 
-    // Registered in the reference's form; answered once fitted.
+    // Registered in the reference's form; answered once fitted. Its 12
+    // examples are read as serving reads them, but unobserved: no serving
+    // metric and no prefix-cache entry moves.
+    let serving = || {
+        [
+            ("decisio_question_seconds_count", ""),
+            ("decisio_systemone_questions_total", ""),
+            ("decisio_systemone_question_seconds_count", ""),
+            ("decisio_abstentions_total", ""),
+            ("decisio_prefix_cache_hits_total", ""),
+            ("decisio_prefix_cache_misses_total", ""),
+            ("decisio_prefix_cache_entries", ""),
+        ]
+        .map(|(name, labels)| (name, s.metric(name, labels)))
+    };
+    let before = serving();
+    assert!(
+        before[0].1 >= 1.0,
+        "the plain question was counted: {before:?}"
+    );
     let r = s.post_json("/v1/abstention/tasks", &registration("city-unsure"));
     assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(serving(), before, "a registration moved serving's figures");
     let task = r.json();
     assert_eq!(task["id"], "city-unsure");
     assert_eq!(task["option"], json!({"key": "unsure"}));

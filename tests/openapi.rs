@@ -59,7 +59,7 @@ fn spec_routes_are_exactly_the_server_routes() {
         .collect();
     let served: BTreeSet<(String, String)> = decisio::server::ROUTES
         .iter()
-        .map(|&(method, path)| (method.to_string(), path.to_string()))
+        .map(|e| (e.method.to_string(), e.path.to_string()))
         .collect();
     assert_eq!(
         served.len(),

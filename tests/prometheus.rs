@@ -359,7 +359,7 @@ fn prometheus_scrapes_the_decision_metrics() {
     assert!(held > 0.0 && held <= budget, "{held} of {budget}");
     let known: BTreeSet<&str> = decisio::server::ROUTES
         .iter()
-        .map(|&(_, path)| path)
+        .map(|e| e.path)
         .chain(["unmatched"])
         .collect();
     let http = samples(&text, "decisio_http_requests_total");

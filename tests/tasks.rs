@@ -414,22 +414,25 @@ fn a_choice_task_is_calibrated_and_served() {
     let served = by_task(json!({}));
     assert_eq!(served["temperature"].as_f64().unwrap() as f32, t_fit as f32);
     // The served set: every letter whose score passes the threshold.
-    let set: Vec<&str> = served["x_prediction_set"]
-        .as_array()
-        .unwrap_or_else(|| panic!("{served}"))
-        .iter()
-        .map(|v| v.as_str().unwrap())
-        .collect();
-    for (letter, p) in served["probabilities"].as_object().unwrap() {
-        let score = 1.0 - p.as_f64().unwrap();
-        if (score - set_threshold).abs() > 1e-6 {
-            assert_eq!(
-                set.contains(&letter.as_str()),
-                score < set_threshold,
-                "{served}"
-            );
+    let check_set = |served: &Value| {
+        let set: Vec<&str> = served["x_prediction_set"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{served}"))
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect();
+        for (letter, p) in served["probabilities"].as_object().unwrap() {
+            let score = 1.0 - p.as_f64().unwrap();
+            if (score - set_threshold).abs() > 1e-6 {
+                assert_eq!(
+                    set.contains(&letter.as_str()),
+                    score < set_threshold,
+                    "{served}"
+                );
+            }
         }
-    }
+    };
+    check_set(&served);
     let explicit = s.post_json(
         "/v1/decide",
         &json!({"state": state, "questions": [{"text": QUESTION, "options": letters, "temperature": t_fit}]}),
@@ -470,12 +473,10 @@ fn a_choice_task_is_calibrated_and_served() {
                 "decisio": {"task": "mmlu"}}),
     );
     assert_eq!(r.status, 200, "{}", r.text());
-    assert_eq!(
-        r.json()["decisio"]["answer"]["temperature"]
-            .as_f64()
-            .unwrap() as f32,
-        t_fit as f32
-    );
+    let chat = r.json()["decisio"]["answer"].clone();
+    assert_eq!(chat["temperature"].as_f64().unwrap() as f32, t_fit as f32);
+    // Its answer carries the task's prediction set, as /v1/decide's does.
+    check_set(&chat);
 
     let list = get(&s, "/v1/tasks").json();
     assert_eq!(list["data"].as_array().unwrap().len(), 1);

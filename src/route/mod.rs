@@ -18,11 +18,16 @@ use std::sync::Arc;
 
 use serde_json::{Map, Value};
 
+/// The engine's words the layers above use: they reach the backend only
+/// through the route (`scripts/check_layers.py` checks it).
+pub use crate::engine::{panic_message, EngineError, EngineStatus, MultiQuestion, Sampling};
 pub use decide::{Answer, Decision, PadPolicy, Question, State};
 pub use generate::{GenerationStream, Output, TokenChoice, TokenOutput};
 
 use crate::bases::{self, Base};
-use crate::engine::{Engine, EngineError, GenerateRequest, Sampling};
+use crate::engine::{
+    Capabilities, ChatReceiver, EmbedReceiver, Engine, GenerateRequest, ModelInfo,
+};
 use crate::metrics::Metrics;
 use crate::prompt::{ChatTemplate, TextTokenizer};
 use crate::settings::Limits;
@@ -234,8 +239,48 @@ impl TextRoute {
         Some(warning)
     }
 
-    pub fn engine(&self) -> &dyn Engine {
+    /// The backend, for the route's own rooms only: the layers above ask
+    /// the route (the methods below), never the engine.
+    fn engine(&self) -> &dyn Engine {
         self.engine.as_ref()
+    }
+
+    /// The served model as the backend describes it (its identity, vocabulary
+    /// and hidden sizes).
+    pub fn info(&self) -> &ModelInfo {
+        self.engine.info()
+    }
+
+    /// Whether the backend is loading, ready, or waiting for an upstream.
+    pub fn status(&self) -> EngineStatus {
+        self.engine.status()
+    }
+
+    /// Jobs waiting for the backend.
+    pub fn queue_depth(&self) -> usize {
+        self.engine.queue_depth()
+    }
+
+    /// What the backend serves (its name, multi-question modes, refusals).
+    pub fn capabilities(&self) -> Capabilities {
+        self.engine.capabilities()
+    }
+
+    /// The blocks whose output an intent head may read (`None` where the
+    /// backend reads no hidden states).
+    pub fn hidden_layers(&self) -> Option<usize> {
+        self.engine.hidden_layers()
+    }
+
+    /// Embeddings of token ids (the backend's own, or an upstream's).
+    pub fn embed(&self, inputs: Vec<Vec<u32>>) -> Result<EmbedReceiver, EngineError> {
+        self.engine.embed(inputs)
+    }
+
+    /// A chat completion with images, passed through to the backend's
+    /// upstream chat route.
+    pub fn chat_passthrough(&self, body: Value) -> Result<ChatReceiver, EngineError> {
+        self.engine.chat_passthrough(body)
     }
 
     /// The model's context, or `--max-model-len` where that is smaller.

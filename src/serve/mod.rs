@@ -576,7 +576,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
 /// backend: once `--upstream-wait` passed with no upstream admitted).
 fn exit_if_load_fails(route: Arc<TextRoute>, prefix: &'static str) {
     std::thread::spawn(move || loop {
-        match route.engine().status() {
+        match route.status() {
             EngineStatus::Loading | EngineStatus::Waiting(_) => {
                 std::thread::sleep(std::time::Duration::from_millis(100))
             }

@@ -17,8 +17,8 @@ use super::messages::{self, first_image_part};
 use super::sampling::{max_tokens, sampling_fields, single_choice, StopSpec, StreamOptions};
 use super::stream::{collect, event_stream, sse, Usage};
 use super::{new_id, unix_now, AppState};
-use crate::engine::EngineError;
 use crate::route::decide::check_question;
+use crate::route::EngineError;
 use crate::route::{
     GenerationParams, Output, Question, State as RouteState, TokenChoice, TokenOutput,
 };
@@ -221,7 +221,7 @@ fn classify(req: &ChatCompletionRequest, state: &AppState) -> Result<ChatJob> {
     let Some(part) = first_image_part(&req.messages) else {
         return Ok(ChatJob::Text(generation(req, &state.limits, false)?));
     };
-    if let Some(why) = state.route.engine().capabilities().image_refusal {
+    if let Some(why) = state.route.capabilities().image_refusal {
         return Err(ApiError::invalid(&part, why));
     }
     if req.stream {
@@ -434,18 +434,14 @@ fn decision(
         // The task's own question is asked; the last user message must
         // still be there, as on every decision.
         Some(question) => question,
-        None => Question {
-            id: None,
+        None => Question::new(
             text,
-            options: d.options.clone().ok_or_else(|| {
+            d.options.clone().ok_or_else(|| {
                 ApiError::invalid("decisio.options", "a decision needs `options` (or `task`)")
             })?,
-            abstain_below: d.abstain_below,
-            temperature: d.temperature,
-            head: None,
-            wire: None,
-            bias: None,
-        },
+        )
+        .with_abstention(d.abstain_below)
+        .with_temperature(d.temperature),
     };
     check_question(&question, "decisio")?;
     let state_needed = "a decision needs a state: at least one message before the question";
@@ -465,7 +461,10 @@ pub async fn chat_completions(
     state.ready()?;
     match classify(&body, &state)? {
         ChatJob::Decision(route_state, question) => {
-            answer_decision(&state, route_state, question).await
+            let d = body.decisio.as_ref();
+            let task = d.and_then(|d| d.task.as_deref());
+            let own = d.is_some_and(|d| d.temperature.is_some());
+            answer_decision(&state, route_state, question, (task, own)).await
         }
         ChatJob::Images(forwarded) => answer_images(&state, forwarded).await,
         ChatJob::Text(job) => generate(&state, job, body.stream).await,
@@ -609,7 +608,6 @@ async fn generate(state: &AppState, job: TextJob, stream: bool) -> Result<HttpRe
 async fn answer_images(state: &AppState, forwarded: Value) -> Result<HttpResponse> {
     let rx = state
         .route
-        .engine()
         .chat_passthrough(forwarded)
         .map_err(ApiError::from)?;
     let mut answer = rx
@@ -633,16 +631,16 @@ async fn answer_decision(
     state: &AppState,
     route_state: RouteState,
     question: Question,
+    (task, own_temperature): (Option<&str>, bool),
 ) -> Result<HttpResponse> {
     let decision = state
         .route
         .decide(route_state, vec![question], None)
         .await?;
     let a = &decision.answers[0];
-    // Sorted by probability, the earliest option first among equals.
-    // (A stable sort: the earliest option first among equals.) An intent
-    // task's labels stand for the letters, the most likely
-    // MAX_INTENT_TOP_LOGPROBS of them.
+    // Sorted by probability (a stable sort: the earliest option first among
+    // equals); an intent task's labels stand for the letters, the most
+    // likely MAX_INTENT_TOP_LOGPROBS of them.
     let mut letters: Vec<(String, f32)> = a.calibrated_logprobs.clone();
     letters.sort_by(|x, y| y.1.total_cmp(&x.1));
     if a.intent {
@@ -694,7 +692,7 @@ async fn answer_decision(
         },
         decisio: DecisioReply {
             state: state_out(&decision),
-            answer: answer_out(a),
+            answer: answer_out(a).with_task(state, task, own_temperature, a),
         },
     }))
 }

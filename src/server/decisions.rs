@@ -10,8 +10,8 @@ use super::body::read_json;
 use super::error::ApiError;
 use super::fields::int;
 use super::{new_id, unix_now, AppState};
-use crate::engine::MultiQuestion;
 use crate::route::decide::{check_question, checked_orders, is_blank, MAX_QUESTIONS};
+use crate::route::MultiQuestion;
 use crate::route::{Answer, Decision, Question, State as RouteState};
 use crate::tasks::TaskRegistry;
 
@@ -163,16 +163,10 @@ fn validate(
             let options = q.options.clone().ok_or_else(|| {
                 ApiError::invalid(&format!("{param}.options"), "a question needs `options`")
             })?;
-            let question = Question {
-                id: q.id.clone(),
-                text,
-                options,
-                abstain_below: q.abstain_below,
-                temperature: q.temperature,
-                head: None,
-                wire: None,
-                bias: None,
-            };
+            let question = Question::new(text, options)
+                .with_id(q.id.clone())
+                .with_abstention(q.abstain_below)
+                .with_temperature(q.temperature);
             check_question(&question, &param)?;
             Ok(question)
         })
@@ -218,6 +212,36 @@ pub fn answer_out(a: &Answer) -> AnswerOut {
     }
 }
 
+impl AnswerOut {
+    /// The answer with what its question's task adds (`task`, the name a
+    /// request gave; `own_temperature`, it set the temperature): the
+    /// prediction set by the answer's own names (letters, or an intent
+    /// task's labels) and the certificate's fields. `/v1/decide` and a
+    /// chat decision add them alike.
+    pub fn with_task(
+        self,
+        state: &AppState,
+        task: Option<&str>,
+        own_temperature: bool,
+        a: &Answer,
+    ) -> Self {
+        let Some(name) = task else {
+            return self;
+        };
+        let outcome = state.tasks.outcome(name, a, own_temperature);
+        Self {
+            x_prediction_set: outcome
+                .prediction_set
+                .map(|set| set.iter().map(|&i| a.probabilities[i].0.clone()).collect()),
+            certification: outcome
+                .verdict
+                .map(|v| v.fields(state.reference_field_names))
+                .unwrap_or_default(),
+            ..self
+        }
+    }
+}
+
 pub fn state_out(d: &Decision) -> StateOut {
     StateOut {
         hash: d.state.hash.hex(),
@@ -253,28 +277,7 @@ pub async fn decide(
             .zip(&body.questions)
             .map(|(a, q)| AnswerOut {
                 x_orders: body.x_orders.map(|_| a.orders),
-                x_prediction_set: q
-                    .task
-                    .as_deref()
-                    .and_then(|name| state.tasks.prediction_sets(name))
-                    .map(|sets| {
-                        let keys = sets.set(&a.exact);
-                        keys.iter().map(|&i| a.probabilities[i].0.clone()).collect()
-                    }),
-                certification: q
-                    .task
-                    .as_deref()
-                    .and_then(|name| {
-                        // A request's own temperature, or an answer
-                        // averaged over orders, is not what was certified.
-                        let as_certified = q.temperature.is_none() && a.orders == 1;
-                        state
-                            .tasks
-                            .verdict(name, a.top, a.exact[a.top], as_certified)
-                    })
-                    .map(|v| v.fields(state.reference_field_names))
-                    .unwrap_or_default(),
-                ..answer_out(a)
+                ..answer_out(a).with_task(&state, q.task.as_deref(), q.temperature.is_some(), a)
             })
             .collect(),
         usage: DecideUsage {

@@ -11,7 +11,7 @@ use super::completions::PromptSpec;
 use super::error::ApiError;
 use super::fields::{int, token_ids};
 use super::AppState;
-use crate::engine::EngineError;
+use crate::route::EngineError;
 use crate::settings::Limits;
 
 type Result<T> = std::result::Result<T, ApiError>;
@@ -198,7 +198,7 @@ pub async fn embeddings(
     state.ready()?;
     let job = validate(&body, &state.limits)?;
     let route = &state.route;
-    let caps = route.engine().capabilities();
+    let caps = route.capabilities();
     if !caps.embeddings {
         return Err(ApiError::bad_request(
             None,
@@ -222,7 +222,6 @@ pub async fn embeddings(
     };
     let tokens = count_tokens(&inputs, &state.limits, route.context_length())?;
     let vectors = route
-        .engine()
         .embed(inputs)?
         .await
         .map_err(|_| EngineError::Stopped)??;

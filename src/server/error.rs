@@ -5,7 +5,7 @@ use actix_web::http::StatusCode;
 use actix_web::{HttpResponse, HttpResponseBuilder, ResponseError};
 use serde::Serialize;
 
-use crate::engine::EngineError;
+use crate::route::EngineError;
 use crate::route::RouteError;
 use crate::tasks::TaskError;
 

@@ -94,9 +94,9 @@ use actix_web::{guard, middleware, web, App, HttpRequest, HttpResponse, HttpServ
 
 pub use error::ApiError;
 
-use crate::engine::{EngineError, EngineStatus};
 use crate::metrics::Metrics;
 use crate::route::TextRoute;
+use crate::route::{EngineError, EngineStatus};
 use crate::settings::Limits;
 use crate::tasks::TaskRegistry;
 
@@ -142,8 +142,7 @@ impl AppState {
 
     /// What answers on this server (`decisio` of each `/v1/models` card).
     pub fn identity(&self) -> service::ServedIdentity {
-        let engine = self.route.engine();
-        let (info, caps) = (engine.info(), engine.capabilities());
+        let (info, caps) = (self.route.info(), self.route.capabilities());
         service::ServedIdentity {
             version: env!("CARGO_PKG_VERSION"),
             backend: caps.name,
@@ -160,15 +159,15 @@ impl AppState {
     /// What `GET /openapi.json` says of this server, read when asked (a
     /// vLLM backend learns its context from its upstreams).
     pub fn served(&self) -> openapi::Served {
-        let caps = self.route.engine().capabilities();
+        let caps = self.route.capabilities();
         openapi::Served {
             api_key: self.api_key.is_some(),
-            vocab_size: self.route.engine().info().vocab_size,
+            vocab_size: self.route.info().vocab_size,
             context_length: self.route.context_length(),
             max_logprobs: self.limits.max_logprobs,
-            hidden_size: self.route.engine().info().hidden_size,
+            hidden_size: self.route.info().hidden_size,
             modes: caps.modes.iter().map(|m| m.as_str()).collect(),
-            hidden_layers: self.route.engine().hidden_layers(),
+            hidden_layers: self.route.hidden_layers(),
         }
     }
 
@@ -176,7 +175,7 @@ impl AppState {
     /// serves is not known yet): every route that runs the model calls it
     /// first.
     pub fn ready(&self) -> Result<(), ApiError> {
-        match self.route.engine().status() {
+        match self.route.status() {
             EngineStatus::Waiting(w) => Err(EngineError::Waiting(w.message).into()),
             _ => Ok(()),
         }
@@ -207,31 +206,69 @@ fn new_id(prefix: &str) -> String {
     format!("{prefix}-{t:016x}{n:08x}")
 }
 
-/// Every route the server has, as (method, path); `openapi/openapi.yaml`
-/// describes exactly these (a test checks it).
-pub const ROUTES: &[(&str, &str)] = &[
-    ("GET", "/health"),
-    ("GET", "/v1/models"),
-    ("POST", "/v1/chat/completions"),
-    ("POST", "/v1/completions"),
-    ("POST", "/v1/embeddings"),
-    ("POST", "/tokenize"),
-    ("POST", "/detokenize"),
-    ("POST", "/v1/decide"),
-    ("POST", "/v1/systemone"),
-    ("GET", "/metrics"),
-    ("POST", "/v1/tasks"),
-    ("GET", "/v1/tasks"),
-    ("POST", "/v1/tasks/import"),
-    ("POST", "/v1/tasks/{id}/certify"),
-    ("GET", "/v1/tasks/{id}"),
-    ("DELETE", "/v1/tasks/{id}"),
-    ("POST", "/v1/abstention/tasks"),
-    ("GET", "/v1/abstention/tasks"),
-    ("POST", "/v1/abstention/tasks/import"),
-    ("GET", "/v1/abstention/tasks/{id}"),
-    ("DELETE", "/v1/abstention/tasks/{id}"),
-    ("GET", "/openapi.json"),
+/// One route of the server: its method, its path and how its handler is
+/// mounted.
+pub struct Endpoint {
+    pub method: &'static str,
+    pub path: &'static str,
+    mount: fn(actix_web::Route) -> actix_web::Route,
+}
+
+const fn at(
+    method: &'static str,
+    path: &'static str,
+    mount: fn(actix_web::Route) -> actix_web::Route,
+) -> Endpoint {
+    Endpoint {
+        method,
+        path,
+        mount,
+    }
+}
+
+/// Every route the server has, each declared once: the table the server
+/// mounts is the one `openapi/openapi.yaml` is checked against (a test
+/// checks that it describes exactly these). A new endpoint is a handler
+/// and a row here (and its description).
+pub const ROUTES: &[Endpoint] = &[
+    at("GET", "/health", |r| r.to(service::health)),
+    at("GET", "/v1/models", |r| r.to(service::models)),
+    at("POST", "/v1/chat/completions", |r| {
+        r.to(chat::chat_completions)
+    }),
+    at("POST", "/v1/completions", |r| {
+        r.to(completions::completions)
+    }),
+    at("POST", "/v1/embeddings", |r| r.to(embeddings::embeddings)),
+    at("POST", "/tokenize", |r| r.to(tokens::tokenize)),
+    at("POST", "/detokenize", |r| r.to(tokens::detokenize)),
+    at("POST", "/v1/decide", |r| r.to(decisions::decide)),
+    at("POST", "/v1/systemone", |r| r.to(systemone::systemone)),
+    at("GET", "/metrics", |r| r.to(service::metrics)),
+    at("POST", "/v1/tasks", |r| r.to(tasks::create_task)),
+    at("GET", "/v1/tasks", |r| r.to(tasks::list_tasks)),
+    at("POST", "/v1/tasks/import", |r| r.to(tasks::import_tasks)),
+    at("POST", "/v1/tasks/{id}/certify", |r| {
+        r.to(tasks::certify_task)
+    }),
+    at("GET", "/v1/tasks/{id}", |r| r.to(tasks::get_task)),
+    at("DELETE", "/v1/tasks/{id}", |r| r.to(tasks::delete_task)),
+    at("POST", "/v1/abstention/tasks", |r| {
+        r.to(systemone::abstention::register)
+    }),
+    at("GET", "/v1/abstention/tasks", |r| {
+        r.to(systemone::abstention::list)
+    }),
+    at("POST", "/v1/abstention/tasks/import", |r| {
+        r.to(systemone::abstention::import)
+    }),
+    at("GET", "/v1/abstention/tasks/{id}", |r| {
+        r.to(systemone::abstention::status)
+    }),
+    at("DELETE", "/v1/abstention/tasks/{id}", |r| {
+        r.to(systemone::abstention::delete)
+    }),
+    at("GET", "/openapi.json", |r| r.to(service::openapi)),
 ];
 
 /// The methods `path` takes, as its `Allow` header: the methods of its
@@ -239,7 +276,7 @@ pub const ROUTES: &[(&str, &str)] = &[
 /// OPTIONS (answered 204 with this header), as RFC 9110 §9.3 has them.
 pub fn allowed_methods(path: &str) -> String {
     let mut methods: Vec<&str> = Vec::new();
-    for &(method, _) in ROUTES.iter().filter(|(_, p)| *p == path) {
+    for method in ROUTES.iter().filter(|e| e.path == path).map(|e| e.method) {
         methods.push(method);
         if method == "GET" {
             methods.push("HEAD");
@@ -252,46 +289,21 @@ pub fn allowed_methods(path: &str) -> String {
 /// Registers every route of [`ROUTES`], one resource per path.
 pub fn configure(cfg: &mut web::ServiceConfig) {
     let mut paths: Vec<&str> = Vec::new();
-    for &(_, path) in ROUTES {
-        if !paths.contains(&path) {
-            paths.push(path);
+    for e in ROUTES {
+        if !paths.contains(&e.path) {
+            paths.push(e.path);
         }
     }
     for path in paths {
         let allow = allowed_methods(path);
         let mut resource = web::resource(path);
-        for &(method, _) in ROUTES.iter().filter(|(_, p)| *p == path) {
-            let route = match method {
+        for e in ROUTES.iter().filter(|e| e.path == path) {
+            let route = match e.method {
                 "GET" => web::route().guard(guard::Any(guard::Get()).or(guard::Head())),
                 "DELETE" => web::delete(),
                 _ => web::post(),
             };
-            let route = match (method, path) {
-                (_, "/health") => route.to(service::health),
-                (_, "/v1/models") => route.to(service::models),
-                (_, "/v1/chat/completions") => route.to(chat::chat_completions),
-                (_, "/v1/completions") => route.to(completions::completions),
-                (_, "/v1/embeddings") => route.to(embeddings::embeddings),
-                (_, "/tokenize") => route.to(tokens::tokenize),
-                (_, "/detokenize") => route.to(tokens::detokenize),
-                (_, "/v1/decide") => route.to(decisions::decide),
-                (_, "/v1/systemone") => route.to(systemone::systemone),
-                (_, "/metrics") => route.to(service::metrics),
-                ("POST", "/v1/tasks") => route.to(tasks::create_task),
-                ("GET", "/v1/tasks") => route.to(tasks::list_tasks),
-                ("POST", "/v1/tasks/import") => route.to(tasks::import_tasks),
-                ("POST", "/v1/tasks/{id}/certify") => route.to(tasks::certify_task),
-                ("GET", "/v1/tasks/{id}") => route.to(tasks::get_task),
-                ("DELETE", "/v1/tasks/{id}") => route.to(tasks::delete_task),
-                ("POST", "/v1/abstention/tasks") => route.to(systemone::abstention::register),
-                ("GET", "/v1/abstention/tasks") => route.to(systemone::abstention::list),
-                ("GET", "/v1/abstention/tasks/{id}") => route.to(systemone::abstention::status),
-                ("POST", "/v1/abstention/tasks/import") => route.to(systemone::abstention::import),
-                ("DELETE", "/v1/abstention/tasks/{id}") => route.to(systemone::abstention::delete),
-                (_, "/openapi.json") => route.to(service::openapi),
-                other => unreachable!("no handler for {other:?}"),
-            };
-            resource = resource.route(route);
+            resource = resource.route((e.mount)(route));
         }
         let options_allow = allow.clone();
         resource = resource.route(web::route().guard(guard::Options()).to(move || {

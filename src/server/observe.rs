@@ -60,7 +60,7 @@ pub async fn record(
     // The pattern the router will match (actix finds it from the path).
     let route = req
         .match_pattern()
-        .filter(|p| super::ROUTES.iter().any(|(_, r)| r == p))
+        .filter(|p| super::ROUTES.iter().any(|e| e.path == *p))
         .unwrap_or_else(|| "unmatched".to_string());
     // A client that leaves drops its handler, and with it its engine job
     // (`peer.rs`); its request is counted 499, as nginx logs one.
@@ -107,7 +107,7 @@ fn client_left(route: &str) -> Error {
 /// The answer to a request whose handler panicked: a 500 in its route's
 /// shape, the panic logged; the server serves on.
 fn panicked(panic: &(dyn std::any::Any + Send), route: &str) -> Error {
-    let message = crate::engine::panic_message(panic);
+    let message = crate::route::panic_message(panic);
     tracing::error!("the handler of {route} panicked: {message}; answered 500");
     let e = ApiError::Internal(format!(
         "the server failed on this request ({message}); it logged the fault and serves on"

@@ -7,8 +7,8 @@ use serde_json::{Map, Value};
 
 use super::error::ApiError;
 use super::fields::{int_in, present_bool};
-use crate::engine::Sampling;
 use crate::route::GenerationParams;
+use crate::route::Sampling;
 use crate::settings::Limits;
 
 /// `stop`: one string or a list.

@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use super::error::{retry_after, ApiError};
 use super::AppState;
-use crate::engine::{EngineError, EngineStatus};
+use crate::route::{EngineError, EngineStatus};
 
 #[derive(Clone, Debug, Serialize)]
 pub struct ModelCard {
@@ -75,7 +75,7 @@ pub async fn models(state: web::Data<AppState>) -> HttpResponse {
 }
 
 pub async fn health(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
-    match state.route.engine().status() {
+    match state.route.status() {
         EngineStatus::Ready => Ok(HttpResponse::Ok().finish()),
         EngineStatus::Loading => Err(EngineError::Loading.into()),
         EngineStatus::Failed(e) => Err(EngineError::LoadFailed(e).into()),
@@ -94,7 +94,7 @@ pub async fn metrics(state: web::Data<AppState>) -> HttpResponse {
     state
         .metrics
         .queue_depth
-        .set(state.route.engine().queue_depth() as i64);
+        .set(state.route.queue_depth() as i64);
     HttpResponse::Ok()
         .content_type("text/plain; version=0.0.4; charset=utf-8")
         .body(state.metrics.render())

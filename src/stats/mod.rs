@@ -4,7 +4,8 @@
 //! - [`softmax`], [`log_softmax`], [`log_sum_exp`]: the one softmax family,
 //!   in f64, of logits divided by a temperature.
 //! - [`top_option`]: the argmax as a decision serves it (the earliest
-//!   option among exact equals wins).
+//!   option among exact equals wins); [`Readout`]: the one readout rule
+//!   (softmax, f32, that argmax) answers, certificates and reports share.
 //! - [`mean_sd`]: a sample's mean and standard deviation.
 //! - [`calibrate`]: the calibration figures of a set of answers (accuracy,
 //!   NLL, ECE over [`calibrate::ECE_BINS`] equal-width bins, the
@@ -45,7 +46,7 @@ pub mod head;
 pub mod monitor;
 mod softmax;
 
-pub use self::softmax::{log_softmax, log_sum_exp, rotation, softmax, top_option};
+pub use self::softmax::{log_softmax, log_sum_exp, rotation, softmax, top_option, Readout};
 
 /// The mean of `v` and its sample standard deviation (with `n − 1`);
 /// 0 and 0 for an empty sample, a standard deviation of 0 for one value.

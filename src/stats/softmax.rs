@@ -1,6 +1,6 @@
 //! The softmax family over a question's options, in f64: logits divided by
 //! a temperature, shifted by their maximum so that no term overflows; and
-//! the argmax a decision serves.
+//! the readout rule a decision serves ([`Readout`]).
 
 /// `logits / t`, each in f64.
 fn scaled(logits: &[f32], t: f64) -> Vec<f64> {
@@ -46,6 +46,43 @@ pub fn top_option(probabilities: &[f32]) -> (usize, bool) {
     (first, count > 1)
 }
 
+/// The one readout rule: what a decision serves from its options' logits
+/// at temperature `t`. Answers (letters or an intent head's), certificates,
+/// prediction sets and task reports all read an answer through it, so a
+/// certificate's confidence is the confidence served.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Readout {
+    /// `softmax(logits / t)`, in f64, as computed.
+    pub exact: Vec<f64>,
+    /// The same probabilities stored as f32, as answers serve them.
+    pub probabilities: Vec<f32>,
+    /// The served option: the argmax of the f32 probabilities, the earliest
+    /// among exact equals.
+    pub top: usize,
+    /// The top probability was shared.
+    pub tie: bool,
+}
+
+impl Readout {
+    /// Reads `logits` at temperature `t`.
+    pub fn of(logits: &[f32], t: f64) -> Self {
+        let exact = softmax(logits, t);
+        let probabilities: Vec<f32> = exact.iter().map(|&p| p as f32).collect();
+        let (top, tie) = top_option(&probabilities);
+        Self {
+            exact,
+            probabilities,
+            top,
+            tie,
+        }
+    }
+
+    /// The served option's probability, in f64.
+    pub fn confidence(&self) -> f64 {
+        self.exact.get(self.top).copied().unwrap_or(0.0)
+    }
+}
+
 /// `order[p]`: the option at position `p` in rotation `r` of `k` of `n`
 /// options (rotation 0 is the order given; offsets `⌊r·n/k⌋`, as the
 /// reference decisio's `cyclic_order` spaces them).
@@ -57,6 +94,20 @@ pub fn rotation(n: usize, r: usize, k: usize) -> Vec<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_readout_serves_the_argmax_of_its_f32_probabilities() {
+        // Two logits whose f64 probabilities differ below f32's precision
+        // round to the same f32: the earliest is served, as a tie.
+        let r = Readout::of(&[0.0, 1e-9, -3.0], 1.0);
+        assert_eq!(r.probabilities[0], r.probabilities[1]);
+        assert!(r.exact[1] > r.exact[0]);
+        assert_eq!((r.top, r.tie), (0, true));
+        assert_eq!(r.confidence(), r.exact[0]);
+        let r = Readout::of(&[0.0, 2.0, 1.0], 0.5);
+        assert_eq!((r.top, r.tie), (1, false));
+        assert_eq!(r.exact, softmax(&[0.0, 2.0, 1.0], 0.5));
+    }
 
     #[test]
     fn softmax_and_log_softmax_agree_and_do_not_overflow() {

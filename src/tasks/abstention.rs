@@ -71,15 +71,12 @@ impl TaskRegistry {
 
     /// Whether a task was fitted under this server's model and layout.
     pub fn abstention_applies(&self, t: &AbstentionTask) -> bool {
-        t.model == self.route.engine().info().identity && t.layout == self.layout
+        t.model == self.route.info().identity && t.layout == self.layout
     }
 
     /// A new task's `model` and `layout`: this server's.
     pub fn abstention_stack(&self) -> (String, String) {
-        (
-            self.route.engine().info().identity.clone(),
-            self.layout.clone(),
-        )
+        (self.route.info().identity.clone(), self.layout.clone())
     }
 
     /// The task a choice question of these digests is answered with: one

@@ -21,7 +21,7 @@ use sha2::{Digest, Sha256};
 use super::TaskSpec;
 use crate::stats::certify;
 use crate::stats::monitor::{self, Baseline};
-use crate::stats::{softmax, top_option};
+use crate::stats::Readout;
 
 /// The defaults of a `certify` block.
 pub const DEFAULT_ALPHA: f64 = 0.05;
@@ -116,16 +116,6 @@ pub fn hash_split(task: &str, inputs: &[String], share: f64) -> (Vec<usize>, Vec
     (fit, held)
 }
 
-/// The option an answer serves and its top probability, from its logits
-/// at temperature `t`, as the route answers (the argmax of the f32
-/// probabilities, the earliest among equals; the exact probability).
-pub fn served(logits: &[f32], t: f64) -> (usize, f64) {
-    let exact = softmax(logits, t);
-    let rounded: Vec<f32> = exact.iter().map(|&p| p as f32).collect();
-    let (top, _) = top_option(&rounded);
-    (top, exact[top])
-}
-
 /// The certificate of a task registered with `certify`, on its held-out
 /// rows (letter logits, or an intent head's) and labels at the served
 /// temperature `t` (the held-out side, or examples supplied to certify
@@ -142,10 +132,10 @@ pub fn of_holdout(
     let c = spec.certify?;
     let (mut conf, mut chosen, mut correct) = (vec![], vec![], vec![]);
     for (l, &y) in held_logits.iter().zip(held_labels) {
-        let (top, p) = served(l, t);
-        conf.push(p);
-        chosen.push(top);
-        correct.push(top == y);
+        let read = Readout::of(l, t);
+        conf.push(read.confidence());
+        chosen.push(read.top);
+        correct.push(read.top == y);
     }
     let (name, rule) = match method {
         Method::Holdout => ("holdout", HOLDOUT_RULE),

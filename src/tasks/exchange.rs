@@ -76,7 +76,7 @@ impl TaskRegistry {
             ));
         }
         let here = self.stack();
-        let model = &self.route.engine().info().identity;
+        let model = &self.route.info().identity;
         let other_model = export.tasks.iter().any(|t| &t.record.model != model);
         if export.stack != here || other_model {
             let mut changed = export.stack.differences(&here);

@@ -56,6 +56,17 @@ use crate::metrics::Metrics;
 use crate::route::TextRoute;
 use crate::stats::head::Head;
 
+/// What a registered task adds to an answer of its question
+/// ([`TaskRegistry::outcome`]).
+#[derive(Clone, Debug, Default)]
+pub struct TaskOutcome {
+    /// The prediction set's options (indices), for a task registered with
+    /// a coverage.
+    pub prediction_set: Option<Vec<usize>>,
+    /// The certificate's verdict, for a certified task.
+    pub verdict: Option<certificate::Verdict>,
+}
+
 /// The version of the files in the state folder; files of another version
 /// are refused at start with a message naming both.
 pub const FORMAT_VERSION: u32 = 1;
@@ -227,6 +238,24 @@ impl TaskSpec {
         }
         let inputs: Vec<String> = examples.iter().map(|e| self.input_of(&e.state)).collect();
         Some(certificate::hash_split(&self.name, &inputs, self.holdout))
+    }
+
+    /// The task's fit and held-out example indices, by one rule wherever
+    /// they are needed (the registration's checks of its holdout, the
+    /// worker's fit): a certified task's split
+    /// ([`Self::certified_split`]), else the seeded split of a choice
+    /// task's examples or the seeded stratified split of an intent task's.
+    pub fn split(&self, examples: &[Example]) -> (Vec<usize>, Vec<usize>) {
+        if let Some(split) = self.certified_split(examples) {
+            return split;
+        }
+        match self.kind {
+            Kind::Choice => calibrate::split(examples.len(), self.holdout, self.seed),
+            Kind::Intent => {
+                let labels: Vec<usize> = examples.iter().map(|e| e.label).collect();
+                head::stratified_split(&labels, self.labels.len(), self.holdout, self.seed)
+            }
+        }
     }
 
     /// How the task's questions are put to the model: a System One choice

@@ -61,7 +61,7 @@ impl TaskRegistry {
                 ),
             ));
         }
-        if record.model != self.route.engine().info().identity {
+        if record.model != self.route.info().identity {
             return Err(TaskError::NotReady {
                 param: "id".into(),
                 message: format!(

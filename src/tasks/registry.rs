@@ -10,11 +10,11 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use super::certificate::{Reason, Stack, Verdict};
 use super::store::Store;
 use super::{
-    Deleted, Example, Kind, Progress, SetsReport, Status, TaskError, TaskLimits, TaskRecord,
-    TaskRegistry, TaskSpec, FORMAT_VERSION,
+    Deleted, Example, Kind, Progress, SetsReport, Status, TaskError, TaskLimits, TaskOutcome,
+    TaskRecord, TaskRegistry, TaskSpec, FORMAT_VERSION,
 };
-use crate::engine::EngineStatus;
-use crate::route::{Question, TextRoute};
+use crate::route::EngineStatus;
+use crate::route::{Answer, Question, TextRoute};
 use crate::stats::head::Head;
 use crate::stats::monitor::Monitor;
 
@@ -43,10 +43,10 @@ impl TaskRegistry {
         limits: TaskLimits,
     ) -> Result<Arc<Self>, String> {
         let store = Store::open(root)?;
-        let model = route.engine().info().identity.clone();
+        let model = route.info().identity.clone();
         // A backend waiting for its servers does not know its model yet: the
         // worker compares when it runs the registration.
-        let waiting = matches!(route.engine().status(), EngineStatus::Waiting(_));
+        let waiting = matches!(route.status(), EngineStatus::Waiting(_));
         let mut tasks = BTreeMap::new();
         let mut heads = HashMap::new();
         for mut record in store.load()? {
@@ -180,7 +180,7 @@ impl TaskRegistry {
             format_version: FORMAT_VERSION,
             id,
             created: unix_now(),
-            model: self.route.engine().info().identity.clone(),
+            model: self.route.info().identity.clone(),
             progress: Progress {
                 total: examples.len(),
                 ..Progress::default()
@@ -305,7 +305,7 @@ impl TaskRegistry {
 
     /// The prediction sets of the ready task named `name`, when it was
     /// registered with a coverage.
-    pub fn prediction_sets(&self, name: &str) -> Option<SetsReport> {
+    fn prediction_sets(&self, name: &str) -> Option<SetsReport> {
         let tasks = self.lock();
         let record = tasks.values().find(|r| r.spec.name == name)?;
         record.report.as_ref()?.prediction_sets.clone()
@@ -315,9 +315,9 @@ impl TaskRegistry {
     pub fn stack(&self) -> Stack {
         let r = &self.route;
         Stack {
-            model: r.engine().info().identity.clone(),
+            model: r.info().identity.clone(),
             tokenizer: r.tokenizer_identity.clone(),
-            backend: r.engine().capabilities().name.to_string(),
+            backend: r.capabilities().name.to_string(),
             layout: self.layout.clone(),
         }
     }
@@ -326,13 +326,7 @@ impl TaskRegistry {
     /// task has no certificate): its chosen option, its top probability,
     /// and `as_certified`, false when the request changed what is served.
     /// The answer is counted by the task's traffic monitor and metrics.
-    pub fn verdict(
-        &self,
-        name: &str,
-        chosen: usize,
-        conf: f64,
-        as_certified: bool,
-    ) -> Option<Verdict> {
+    fn verdict(&self, name: &str, chosen: usize, conf: f64, as_certified: bool) -> Option<Verdict> {
         let (id, cert) = {
             let tasks = self.lock();
             let r = tasks.values().find(|r| r.spec.name == name)?;
@@ -356,12 +350,25 @@ impl TaskRegistry {
         Some(verdict)
     }
 
+    /// What the task named `name` adds to an answer of its question, by
+    /// one rule on every route: the prediction set (option indices) of a
+    /// task registered with a coverage, and the verdict of a certified one.
+    /// `own_temperature`: the request set the temperature, so the answer,
+    /// like one averaged over orders, is not what was certified.
+    pub fn outcome(&self, name: &str, answer: &Answer, own_temperature: bool) -> TaskOutcome {
+        let as_certified = !own_temperature && answer.orders == 1;
+        TaskOutcome {
+            prediction_set: self.prediction_sets(name).map(|s| s.set(&answer.exact)),
+            verdict: self.verdict(name, answer.top, answer.confidence(), as_certified),
+        }
+    }
+
     /// The verdict on a System One question of `identity` that no task
     /// serves because the certified task registered for it was fitted on
     /// another model: not certified, the stack changed.
     pub fn stale_verdict(&self, identity: &str) -> Option<Verdict> {
         let tasks = self.lock();
-        let model = &self.route.engine().info().identity;
+        let model = &self.route.info().identity;
         let r = tasks
             .values()
             .filter(|r| r.spec.wire.as_ref().is_some_and(|w| w.identity == identity))
@@ -520,7 +527,7 @@ impl TaskRegistry {
                 });
             }
         };
-        if record.model != self.route.engine().info().identity {
+        if record.model != self.route.info().identity {
             return Err(TaskError::NotReady {
                 param: param.to_string(),
                 message: format!(
@@ -531,14 +538,14 @@ impl TaskRegistry {
         let head = match record.spec.kind {
             Kind::Choice => None,
             Kind::Intent => {
-                if self.route.engine().hidden_layers().is_none() {
+                if self.route.hidden_layers().is_none() {
                     return Err(TaskError::Invalid {
                         param: param.to_string(),
                         message: format!(
                             "the task `{name}` is an intent task, answered from hidden states, \
                              which the {} backend does not return{}",
-                            self.route.engine().capabilities().name,
-                            self.route.engine().capabilities().hidden_hint
+                            self.route.capabilities().name,
+                            self.route.capabilities().hidden_hint
                         ),
                     });
                 }
@@ -549,19 +556,14 @@ impl TaskRegistry {
                 })?)
             }
         };
-        Ok(Question {
-            id: None,
-            text: record.spec.question.clone(),
-            options: record.spec.labels.clone(),
-            abstain_below: report.abstention.as_ref().and_then(|a| a.abstain_below),
-            temperature: Some(report.temperature),
-            bias: report
-                .debias
-                .as_ref()
-                .and_then(|d| d.applied())
-                .map(Arc::from),
-            head,
-            wire: record.spec.asked_on_wire(),
-        })
+        let bias = report.debias.as_ref().and_then(|d| d.applied());
+        Ok(
+            Question::new(record.spec.question.clone(), record.spec.labels.clone())
+                .with_abstention(report.abstention.as_ref().and_then(|a| a.abstain_below))
+                .with_temperature(Some(report.temperature))
+                .with_bias(bias.map(Arc::from))
+                .with_head(head)
+                .with_wire(record.spec.asked_on_wire()),
+        )
     }
 }

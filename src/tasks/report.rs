@@ -11,7 +11,7 @@ use crate::stats::calibrate::{self, Figures, Threshold};
 use crate::stats::conformal::{self, Score};
 use crate::stats::debias::{self, Debias};
 use crate::stats::head::{self, DrawsReport, Head, HeadReport};
-use crate::stats::softmax;
+use crate::stats::Readout;
 
 /// What a ready task was fitted to and how well.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -74,9 +74,7 @@ impl LetterRates {
             r
         };
         let tops = |rows: &[Vec<f32>], t: f64| -> Vec<usize> {
-            rows.iter()
-                .map(|l| super::certificate::served(l, t).0)
-                .collect()
+            rows.iter().map(|l| Readout::of(l, t).top).collect()
         };
         LetterRates {
             labels: rates(labels.to_vec()),
@@ -157,27 +155,24 @@ pub fn minimum_holdout(coverage: f64) -> usize {
 /// temperature `t`.
 fn sets(spec: &TaskSpec, logits: &[Vec<f32>], labels: &[usize], t: f64) -> Option<SetsReport> {
     let coverage = spec.coverage?;
-    let probabilities: Vec<Vec<f64>> = logits.iter().map(|l| softmax(l, t)).collect();
+    let probabilities: Vec<Vec<f64>> = logits.iter().map(|l| Readout::of(l, t).exact).collect();
     SetsReport::fit(coverage, &probabilities, labels)
 }
 
-/// A task's fit and held-out indices: `certified` (a certified task's
-/// [`TaskSpec::certified_split`]) when given, else the seeded split.
-pub type Split = Option<(Vec<usize>, Vec<usize>)>;
+/// A task's fit and held-out example indices ([`TaskSpec::split`]).
+pub type Split = (Vec<usize>, Vec<usize>);
 
 /// Fits a choice task on its scored examples (`reads[i]`: example `i`'s
-/// letter logits in each rotation, the served order first): the split,
-/// the letter bias ([`debias::choose`]) and then the temperature on the
+/// letter logits in each rotation, the served order first) split by
+/// `split` ([`TaskSpec::split`]): the letter bias ([`debias::choose`]) and then the temperature on the
 /// fit side, the figures and the threshold on the holdout as served.
 pub fn fit(
     spec: &TaskSpec,
     reads: &[Vec<Vec<f32>>],
     labels: &[usize],
     default_t: f64,
-    certified: Split,
+    (fit_idx, held_idx): Split,
 ) -> Report {
-    let (fit_idx, held_idx) =
-        certified.unwrap_or_else(|| calibrate::split(reads.len(), spec.holdout, spec.seed));
     let k = spec.labels.len();
     let fit_reads: Vec<Vec<Vec<f32>>> = fit_idx.iter().map(|&i| reads[i].clone()).collect();
     let fy: Vec<usize> = fit_idx.iter().map(|&i| labels[i]).collect();
@@ -215,20 +210,18 @@ pub fn fit(
     }
 }
 
-/// Fits an intent task on its examples' hidden states: the seeded
-/// stratified split (a certified task's when `certified`), the head on the fit split (cross-validated strength
-/// and the head on its head part, the temperature on its calibration part),
-/// the figures and the threshold on the holdout, and the draws when asked
-/// for.
+/// Fits an intent task on its examples' hidden states split by `split`
+/// ([`TaskSpec::split`]): the head on the fit side (cross-validated
+/// strength and the head on its head part, the temperature on its
+/// calibration part), the figures and the threshold on the holdout, and
+/// the draws when asked for.
 pub fn fit_intent(
     spec: &TaskSpec,
     features: &[Vec<f32>],
     labels: &[usize],
-    certified: Split,
+    (fit_idx, held_idx): Split,
 ) -> Result<(Report, Head), String> {
     let n_labels = spec.labels.len();
-    let (fit_idx, held_idx) = certified
-        .unwrap_or_else(|| head::stratified_split(labels, n_labels, spec.holdout, spec.seed));
     let rows: Vec<&[f32]> = features.iter().map(|f| f.as_slice()).collect();
     let fx: Vec<&[f32]> = fit_idx.iter().map(|&i| rows[i]).collect();
     let fy: Vec<usize> = fit_idx.iter().map(|&i| labels[i]).collect();

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{certificate, fit, fit_intent, Kind, Status, TaskRecord, TaskRegistry, TaskSpec};
-use crate::engine::{EngineError, EngineStatus};
+use crate::route::{EngineError, EngineStatus};
 use crate::route::{Question, RouteError, State};
 use crate::stats::head::Head;
 
@@ -81,11 +81,11 @@ impl TaskRegistry {
     /// Scores every example not yet in the checkpoint, then fits.
     fn run(&self, id: &str) -> Result<(), String> {
         // A backend waiting for its servers knows its model once they came.
-        while matches!(self.route.engine().status(), EngineStatus::Waiting(_)) {
+        while matches!(self.route.status(), EngineStatus::Waiting(_)) {
             std::thread::sleep(Duration::from_millis(200));
         }
         let record = self.get(id).map_err(|e| e.to_string())?;
-        if record.model != self.route.engine().info().identity {
+        if record.model != self.route.info().identity {
             return Err(
                 "the server restarted on another model before this registration \
                         finished; register it again"
@@ -163,7 +163,7 @@ impl TaskRegistry {
             }
         }
         let labels: Vec<usize> = examples.iter().map(|e| e.label).collect();
-        let split = spec.certified_split(&examples);
+        let split = spec.split(&examples);
         let (mut report, head) = match spec.kind {
             Kind::Choice => {
                 // Each row's rotations apart; the served order's first.
@@ -293,36 +293,24 @@ impl TaskRegistry {
     }
 }
 
-/// The question an intent task's examples are read with: the task's
-/// question alone (a head stands in for the letters).
 /// The question a registration's examples are read with: the task's
 /// question and options as asked, at no temperature (the logits are kept).
 pub(super) fn scored_question(spec: &TaskSpec) -> Question {
-    Question {
-        id: None,
-        text: spec.question.clone(),
-        options: spec.labels.clone(),
-        abstain_below: None,
-        temperature: None,
-        head: None,
-        wire: spec.asked_on_wire(),
-        bias: None,
-    }
+    Question::new(spec.question.clone(), spec.labels.clone()).with_wire(spec.asked_on_wire())
 }
 
+/// The question an intent task's examples are read with: the task's
+/// question alone (a head stands in for the letters).
 fn intent_probe(question: &Question) -> Question {
-    Question {
-        head: Some(Arc::new(Head {
-            layer: None,
-            dim: 0,
-            labels: question.options.len(),
-            mean: Vec::new(),
-            scale: Vec::new(),
-            weights: Vec::new(),
-            bias: Vec::new(),
-            temperature: 1.0,
-            c: 1.0,
-        })),
-        ..question.clone()
-    }
+    question.clone().with_head(Some(Arc::new(Head {
+        layer: None,
+        dim: 0,
+        labels: question.options.len(),
+        mean: Vec::new(),
+        scale: Vec::new(),
+        weights: Vec::new(),
+        bias: Vec::new(),
+        temperature: 1.0,
+        c: 1.0,
+    })))
 }

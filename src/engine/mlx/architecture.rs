@@ -1,11 +1,12 @@
 //! The seam between the engine and a model's architecture: what every
-//! architecture file (`llama`, `qwen3_5`, `gemma4`) implements.
+//! architecture file (`llama`, `qwen3_5`, `gemma4`) implements, directly
+//! ([`Architecture`]) or by naming its decoder stack ([`Stacked`]).
 
 use mlx_rs::Array;
 
 use super::cache::ModelCache;
 use super::error::MlxResult;
-use super::layers::LastHidden;
+use super::layers::{Block, DecoderStack, LastHidden};
 
 /// What the engine asks of an architecture. Each architecture is one file
 /// of this module; the engine, the prefix cache and the routes above it see
@@ -39,4 +40,54 @@ pub trait Architecture {
     ) -> MlxResult<LastHidden>;
     /// Logits over the vocabulary for final hidden states.
     fn logits(&self, hidden: &Array) -> MlxResult<Array>;
+}
+
+/// An architecture whose forward pass is its [`DecoderStack`]'s (llama,
+/// Qwen3.5): it names its stack, its caches and its width, and is an
+/// [`Architecture`] by them. One whose pass is its own (Gemma 4's shared
+/// caches and soft-capped logits) implements [`Architecture`] itself.
+pub trait Stacked {
+    type Block: Block;
+    /// The stack the forward pass runs.
+    fn stack(&self) -> &DecoderStack<Self::Block>;
+    /// Empty caches, one per layer, of the kinds the layers need.
+    fn new_cache(&self) -> ModelCache;
+    /// Width of the hidden states.
+    fn hidden_size(&self) -> usize;
+}
+
+impl<T: Stacked> Architecture for T {
+    fn new_cache(&self) -> ModelCache {
+        Stacked::new_cache(self)
+    }
+
+    fn hidden_size(&self) -> usize {
+        Stacked::hidden_size(self)
+    }
+
+    fn num_layers(&self) -> usize {
+        self.stack().layers.len()
+    }
+
+    fn hidden(
+        &self,
+        tokens: &Array,
+        cache: &mut ModelCache,
+        tap: Option<usize>,
+    ) -> MlxResult<(Array, Option<Array>)> {
+        self.stack().hidden(tokens, cache, tap)
+    }
+
+    fn last_hidden(
+        &self,
+        tokens: &Array,
+        cache: &mut ModelCache,
+        tap: Option<usize>,
+    ) -> MlxResult<LastHidden> {
+        self.stack().last_hidden(tokens, cache, tap)
+    }
+
+    fn logits(&self, hidden: &Array) -> MlxResult<Array> {
+        self.stack().logits(hidden)
+    }
 }

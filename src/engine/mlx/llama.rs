@@ -10,12 +10,12 @@ use mlx_rs::{ops, Array};
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::architecture::Architecture;
+use super::architecture::{Architecture, Stacked};
 use super::attention::attention;
 use super::cache::{KvCache, LayerCache, ModelCache};
 use super::layers::{
-    last_position, residual, Activation, Block, DecoderStack, GatedMlp, HostKernels, LastHidden,
-    Linear, RmsNorm, Rope, RopeScaling,
+    last_position, residual, Activation, Block, DecoderStack, GatedMlp, HostKernels, Linear,
+    RmsNorm, Rope, RopeScaling,
 };
 use super::loader::Weights;
 use super::{MlxError, MlxResult};
@@ -153,7 +153,8 @@ impl Attention {
     }
 }
 
-struct TransformerBlock {
+/// One decoder block: attention and the gated MLP, each after its norm.
+pub struct TransformerBlock {
     self_attn: Attention,
     mlp: GatedMlp,
     input_layernorm: RmsNorm,
@@ -230,38 +231,18 @@ impl Model {
     }
 }
 
-impl Architecture for Model {
+impl Stacked for Model {
+    type Block = TransformerBlock;
+
+    fn stack(&self) -> &DecoderStack<TransformerBlock> {
+        &self.stack
+    }
+
     fn new_cache(&self) -> ModelCache {
         ModelCache::new(self.stack.layers.len())
     }
 
     fn hidden_size(&self) -> usize {
         self.config.hidden_size as usize
-    }
-
-    fn num_layers(&self) -> usize {
-        self.stack.layers.len()
-    }
-
-    fn hidden(
-        &self,
-        tokens: &Array,
-        cache: &mut ModelCache,
-        tap: Option<usize>,
-    ) -> MlxResult<(Array, Option<Array>)> {
-        self.stack.hidden(tokens, cache, tap)
-    }
-
-    fn last_hidden(
-        &self,
-        tokens: &Array,
-        cache: &mut ModelCache,
-        tap: Option<usize>,
-    ) -> MlxResult<LastHidden> {
-        self.stack.last_hidden(tokens, cache, tap)
-    }
-
-    fn logits(&self, hidden: &Array) -> MlxResult<Array> {
-        self.stack.logits(hidden)
     }
 }

@@ -26,13 +26,13 @@ use mlx_rs::{fast, nn, ops, Array, Dtype};
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::architecture::Architecture;
+use super::architecture::{Architecture, Stacked};
 use super::attention::attention;
 use super::cache::{DeltaCache, KvCache, LayerCache, ModelCache};
 use super::delta;
 use super::layers::{
-    last_position, Activation, Block, DecoderStack, GatedMlp, HostKernels, LastHidden, Linear,
-    RmsNorm, Rope, RopeScaling,
+    last_position, Activation, Block, DecoderStack, GatedMlp, HostKernels, Linear, RmsNorm, Rope,
+    RopeScaling,
 };
 use super::loader::Weights;
 use super::switch::SwitchGlu;
@@ -463,7 +463,9 @@ impl FeedForward {
     }
 }
 
-struct DecoderLayer {
+/// One decoder block: its mixer (full attention or a DeltaNet layer) and
+/// its MLP (dense or experts), each after its norm.
+pub struct DecoderLayer {
     mixer: Mixer,
     mlp: FeedForward,
     input_layernorm: RmsNorm,
@@ -573,7 +575,13 @@ impl Model {
     }
 }
 
-impl Architecture for Model {
+impl Stacked for Model {
+    type Block = DecoderLayer;
+
+    fn stack(&self) -> &DecoderStack<DecoderLayer> {
+        &self.stack
+    }
+
     fn new_cache(&self) -> ModelCache {
         ModelCache::with_layers(
             (0..self.stack.layers.len())
@@ -590,31 +598,5 @@ impl Architecture for Model {
 
     fn hidden_size(&self) -> usize {
         self.config.hidden_size as usize
-    }
-
-    fn num_layers(&self) -> usize {
-        self.stack.layers.len()
-    }
-
-    fn hidden(
-        &self,
-        tokens: &Array,
-        cache: &mut ModelCache,
-        tap: Option<usize>,
-    ) -> MlxResult<(Array, Option<Array>)> {
-        self.stack.hidden(tokens, cache, tap)
-    }
-
-    fn last_hidden(
-        &self,
-        tokens: &Array,
-        cache: &mut ModelCache,
-        tap: Option<usize>,
-    ) -> MlxResult<LastHidden> {
-        self.stack.last_hidden(tokens, cache, tap)
-    }
-
-    fn logits(&self, hidden: &Array) -> MlxResult<Array> {
-        self.stack.logits(hidden)
     }
 }

@@ -7,7 +7,7 @@ use crate::engine::QuestionScore;
 use crate::route::wire::WireAsk;
 use crate::route::{RouteError, TextRoute};
 use crate::stats::head::Head;
-use crate::stats::{self, top_option};
+use crate::stats::{self, Readout};
 
 /// Calibrated probabilities: softmax over the option letters' logits divided
 /// by `temperature`, in f64, stored as f32.
@@ -52,17 +52,13 @@ impl TextRoute {
     /// the System One wire's letter codes, or `yes` and `no`.
     fn labels(&self, q: &Question) -> Vec<String> {
         match &q.wire {
-            None => self.letter_codes[..q.options.len()]
-                .iter()
-                .map(|(code, _)| code.clone())
-                .collect(),
-            Some(WireAsk::Letters) => self
-                .wire_codes(q.options.len())
+            Some(WireAsk::YesNoWords) => vec!["yes".into(), "no".into()],
+            _ => self
+                .codes(q)
                 .unwrap_or_default()
                 .iter()
                 .map(|(code, _)| code.clone())
                 .collect(),
-            Some(WireAsk::YesNoWords) => vec!["yes".into(), "no".into()],
         }
     }
 
@@ -123,48 +119,11 @@ impl TextRoute {
     /// the base's default), abstention, tie-break.
     pub(super) fn answer(&self, q: Question, logits: &[f32], logprobs: &[f32]) -> Answer {
         let temperature = q.temperature.unwrap_or(self.default_temperature);
-        let exact = stats::softmax(logits, temperature);
-        let probabilities = f32s(exact.clone());
-        let (top, tie) = top_option(&probabilities);
-        let best = probabilities[top];
-        let threshold = q.abstain_below;
-        let abstained = threshold.is_some_and(|t| f64::from(best) < t);
         let letters = self.labels(&q);
-        Answer {
-            id: q.id,
-            letter: (!abstained).then(|| letters[top].clone()),
-            index: (!abstained).then_some(top),
-            option: (!abstained).then(|| q.options.get(top).cloned().unwrap_or_default()),
-            intent: false,
-            probabilities: letters
-                .iter()
-                .cloned()
-                .zip(probabilities.iter().copied())
-                .collect(),
-            exact,
-            calibrated_logprobs: letters
-                .iter()
-                .cloned()
-                .zip(calibrated_logprobs(logits, temperature))
-                .collect(),
-            logprobs: letters
-                .iter()
-                .cloned()
-                .zip(logprobs.iter().copied())
-                .collect(),
-            temperature: temperature as f32,
-            abstained,
-            abstain_reason: abstained.then(|| {
-                format!(
-                    "the top probability {best:.4} (option {}) is below abstain_below {}",
-                    letters[top],
-                    threshold.unwrap_or_default()
-                )
-            }),
-            tie,
-            top,
-            orders: 1,
-        }
+        let mut answer = served(&q, letters.clone(), logits, temperature, false);
+        answer.letter = answer.index.map(|top| letters[top].clone());
+        answer.logprobs = letters.into_iter().zip(logprobs.iter().copied()).collect();
+        answer
     }
 }
 
@@ -174,38 +133,54 @@ impl TextRoute {
 pub fn intent_answer(q: Question, head: &Head, hidden: &[f32]) -> Answer {
     let logits = head.logits(hidden);
     let temperature = q.temperature.unwrap_or(head.temperature);
-    let exact = stats::softmax(&logits, temperature);
-    let probabilities = f32s(exact.clone());
-    let (top, tie) = top_option(&probabilities);
+    served(&q, q.options.clone(), &logits, temperature, true)
+}
+
+/// An answer as served from `logits` at `temperature`, read by the one
+/// readout rule ([`Readout`]), its options named `names` (letters, or an
+/// `intent` head's labels): the probabilities, the top option unless it
+/// falls below the question's `abstain_below`, the calibrated
+/// log-probabilities. No letter and no raw log-probabilities: a letter
+/// answer adds them.
+fn served(
+    q: &Question,
+    names: Vec<String>,
+    logits: &[f32],
+    temperature: f64,
+    intent: bool,
+) -> Answer {
+    let Readout {
+        exact,
+        probabilities,
+        top,
+        tie,
+    } = Readout::of(logits, temperature);
     let best = probabilities[top];
     let threshold = q.abstain_below;
     let abstained = threshold.is_some_and(|t| f64::from(best) < t);
     Answer {
-        id: q.id,
+        id: q.id.clone(),
         letter: None,
-        exact,
         index: (!abstained).then_some(top),
-        option: (!abstained).then(|| q.options[top].clone()),
-        intent: true,
-        probabilities: q
-            .options
+        option: (!abstained).then(|| q.options.get(top).cloned().unwrap_or_default()),
+        intent,
+        probabilities: names.iter().cloned().zip(probabilities).collect(),
+        exact,
+        calibrated_logprobs: names
             .iter()
             .cloned()
-            .zip(probabilities.iter().copied())
-            .collect(),
-        calibrated_logprobs: q
-            .options
-            .iter()
-            .cloned()
-            .zip(calibrated_logprobs(&logits, temperature))
+            .zip(calibrated_logprobs(logits, temperature))
             .collect(),
         logprobs: Vec::new(),
         temperature: temperature as f32,
         abstained,
         abstain_reason: abstained.then(|| {
+            let name = match intent {
+                true => format!("label `{}`", names[top]),
+                false => format!("option {}", names[top]),
+            };
             format!(
-                "the top probability {best:.4} (label `{}`) is below abstain_below {}",
-                q.options[top],
+                "the top probability {best:.4} ({name}) is below abstain_below {}",
                 threshold.unwrap_or_default()
             )
         }),
@@ -255,6 +230,7 @@ mod tests {
 
     #[test]
     fn ties_go_to_the_earliest_option() {
+        use crate::stats::top_option;
         assert_eq!(top_option(&[0.2, 0.4, 0.4]), (1, true));
         assert_eq!(top_option(&[0.5, 0.3, 0.2]), (0, false));
         let even = calibrate(&[1.5, 1.5], 1.0);

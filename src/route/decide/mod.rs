@@ -118,6 +118,61 @@ pub struct Question {
     pub bias: Option<Arc<[f64]>>,
 }
 
+impl Question {
+    /// A question of `text` over `options` in decisio's own layout: no id,
+    /// no abstention, the route's temperature, no head, no letter bias. The
+    /// `with_*` methods set the rest; every layer builds its questions
+    /// here.
+    pub fn new(text: impl Into<String>, options: Vec<String>) -> Self {
+        Self {
+            id: None,
+            text: text.into(),
+            options,
+            abstain_below: None,
+            temperature: None,
+            head: None,
+            wire: None,
+            bias: None,
+        }
+    }
+
+    /// The id its answer carries.
+    pub fn with_id(self, id: Option<String>) -> Self {
+        Self { id, ..self }
+    }
+
+    /// Abstains when the top probability is below `abstain_below`.
+    pub fn with_abstention(self, abstain_below: Option<f64>) -> Self {
+        Self {
+            abstain_below,
+            ..self
+        }
+    }
+
+    /// Answered at `temperature` (else the route's default, or a head's).
+    pub fn with_temperature(self, temperature: Option<f64>) -> Self {
+        Self {
+            temperature,
+            ..self
+        }
+    }
+
+    /// Asked in the System One wire's layout, lettered by `wire`.
+    pub fn with_wire(self, wire: Option<WireAsk>) -> Self {
+        Self { wire, ..self }
+    }
+
+    /// Answered by an intent task's `head` on the hidden state.
+    pub fn with_head(self, head: Option<Arc<Head>>) -> Self {
+        Self { head, ..self }
+    }
+
+    /// A task's letter bias, removed from a single read's logits.
+    pub fn with_bias(self, bias: Option<Arc<[f64]>>) -> Self {
+        Self { bias, ..self }
+    }
+}
+
 /// A decision's answer to one question.
 #[derive(Clone, Debug)]
 pub struct Answer {
@@ -152,6 +207,23 @@ pub struct Answer {
     /// The cyclic orders of the options it was read in and averaged over
     /// (`x_orders`, `orders.rs`); 1 for one read.
     pub orders: usize,
+}
+
+impl Answer {
+    /// The top option's probability in f64, as the readout rule computed
+    /// it ([`crate::stats::Readout::confidence`]): what a certificate's
+    /// threshold is compared with.
+    pub fn confidence(&self) -> f64 {
+        self.exact.get(self.top).copied().unwrap_or(0.0)
+    }
+}
+
+/// Whether a decision is a client's (served: the prefix cache and the
+/// serving metrics see it) or the server's own, unobserved.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Served {
+    Served,
+    Unobserved,
 }
 
 /// The state as a decision saw it.
@@ -259,6 +331,33 @@ impl TextRoute {
         mode: Option<MultiQuestion>,
         orders: usize,
     ) -> Result<Decision, RouteError> {
+        self.decide_with(state, questions, mode, orders, Served::Served)
+            .await
+    }
+
+    /// [`Self::decide_in_orders`] as no client asked it: the same answers, bit for
+    /// bit, read without the prefix cache (no served state is evicted for
+    /// it) and without the serving metrics. An abstention task's
+    /// registration reads its examples with it.
+    pub async fn decide_unobserved(
+        self: &Arc<Self>,
+        state: State,
+        questions: Vec<Question>,
+        orders: usize,
+    ) -> Result<Decision, RouteError> {
+        self.decide_with(state, questions, None, orders, Served::Unobserved)
+            .await
+    }
+
+    async fn decide_with(
+        self: &Arc<Self>,
+        state: State,
+        questions: Vec<Question>,
+        mode: Option<MultiQuestion>,
+        orders: usize,
+        served: Served,
+    ) -> Result<Decision, RouteError> {
+        let observed = served == Served::Served;
         let caps = self.engine().capabilities();
         let mode = match mode {
             None => caps
@@ -332,7 +431,7 @@ impl TextRoute {
             hidden: layer.is_some(),
             hidden_layer: layer.flatten(),
             mode,
-            cache: true,
+            cache: observed,
             packed,
         })?;
         let result = receiver
@@ -351,10 +450,12 @@ impl TextRoute {
         let mut scores = result.questions.into_iter();
         let mut asked = asked.into_iter();
         for (q, &k) in questions.into_iter().zip(&plan.orders) {
-            self.metrics
-                .question_seconds
-                .with_label_values(&[&self.model_name, label])
-                .observe(per_question);
+            if observed {
+                self.metrics
+                    .question_seconds
+                    .with_label_values(&[&self.model_name, label])
+                    .observe(per_question);
+            }
             let read: Vec<(Question, QuestionScore)> =
                 asked.by_ref().zip(scores.by_ref()).take(k).collect();
             let answer = match (q.head.clone(), &read[..]) {
@@ -369,7 +470,7 @@ impl TextRoute {
                 (_, [(_, score)]) => self.answer_read(q, &score.logits, &score.logprobs)?,
                 _ => self.answer_in_orders(q, &read)?,
             };
-            if answer.abstained {
+            if answer.abstained && observed {
                 self.metrics.abstentions.inc();
             }
             answers.push(answer);
@@ -503,16 +604,7 @@ mod tests {
     use super::*;
 
     fn q(text: &str, options: &[&str]) -> Question {
-        Question {
-            id: None,
-            text: text.into(),
-            options: options.iter().map(|s| s.to_string()).collect(),
-            abstain_below: None,
-            temperature: None,
-            head: None,
-            wire: None,
-            bias: None,
-        }
+        Question::new(text, options.iter().map(|s| s.to_string()).collect())
     }
 
     #[test]

@@ -163,15 +163,8 @@ mod tests {
 
     #[test]
     fn plans_count_what_is_asked() {
-        let q = |n: usize, wire: Option<WireAsk>| Question {
-            id: None,
-            text: "Which?".into(),
-            options: (0..n).map(|i| format!("o{i}")).collect(),
-            abstain_below: None,
-            temperature: None,
-            head: None,
-            wire,
-            bias: None,
+        let q = |n: usize, wire: Option<WireAsk>| {
+            Question::new("Which?", (0..n).map(|i| format!("o{i}")).collect()).with_wire(wire)
         };
         let qs = [q(3, None), q(2, Some(WireAsk::YesNoWords)), q(8, None)];
         let plan = Plan::new(&qs, 4).unwrap();

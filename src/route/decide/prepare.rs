@@ -52,17 +52,8 @@ impl TextRoute {
                 let n = self.wire_codes(q.options.len())?.len();
                 self.wire_forms[..n].to_vec()
             }
-            Some(WireAsk::Letters) => self
-                .wire_codes(q.options.len())?
-                .iter()
-                .map(|(_, id)| vec![*id])
-                .collect(),
             None if q.head.is_some() => vec![vec![self.letter_codes[0].1]],
-            None => self
-                .decide_codes(q.options.len())?
-                .iter()
-                .map(|(_, id)| vec![*id])
-                .collect(),
+            _ => self.codes(q)?.iter().map(|(_, id)| vec![*id]).collect(),
         })
     }
 

@@ -200,24 +200,28 @@ fn render_block(
 impl TextRoute {
     /// Renders a question on a state and splits it where the state ends.
     pub fn render_decision(&self, state: &State, q: &Question) -> Result<Rendered, RouteError> {
+        let codes = self.code_names(q)?;
         match &q.wire {
-            None => {
-                let codes: Vec<String> = self
-                    .decide_codes(q.options.len())?
-                    .iter()
-                    .map(|(c, _)| c.clone())
-                    .collect();
-                render(&self.template, state, q, &codes)
-            }
-            Some(ask) => {
-                let codes: Vec<String> = self
-                    .wire_codes(q.options.len())?
-                    .iter()
-                    .map(|(c, _)| c.clone())
-                    .collect();
-                render_wire(&self.template, state, q, ask, &codes, &self.wire.format)
-            }
+            None => render(&self.template, state, q, &codes),
+            Some(ask) => render_wire(&self.template, state, q, ask, &codes, &self.wire.format),
         }
+    }
+
+    /// The one lettering of a question's options, with each code's token
+    /// id: decisio's letters in its own layout, the wire's letter codes on
+    /// the System One wire, none for a yes/no question asked in words (read
+    /// from `yes` and `no`). Refused when the tokenizer has too few.
+    pub fn codes(&self, q: &Question) -> Result<&[(String, u32)], RouteError> {
+        match &q.wire {
+            None => self.decide_codes(q.options.len()),
+            Some(WireAsk::Letters) => self.wire_codes(q.options.len()),
+            Some(WireAsk::YesNoWords) => Ok(&[]),
+        }
+    }
+
+    /// [`Self::codes`]' names.
+    fn code_names(&self, q: &Question) -> Result<Vec<String>, RouteError> {
+        Ok(self.codes(q)?.iter().map(|(c, _)| c.clone()).collect())
     }
 
     /// The first `n` letter codes of decisio's own layout, with their token
@@ -263,14 +267,11 @@ impl TextRoute {
     /// state (what `usage.input_tokens` counts of it).
     pub fn wire_question_text(&self, q: &Question) -> Result<String, RouteError> {
         let ask = q.wire.clone().unwrap_or(WireAsk::Letters);
-        let codes: Vec<String> = match ask {
-            WireAsk::Letters => self
-                .wire_codes(q.options.len())?
-                .iter()
-                .map(|(c, _)| c.clone())
-                .collect(),
-            WireAsk::YesNoWords => Vec::new(),
+        let codes = match ask {
+            WireAsk::Letters => self.wire_codes(q.options.len())?,
+            WireAsk::YesNoWords => &[],
         };
+        let codes: Vec<String> = codes.iter().map(|(c, _)| c.clone()).collect();
         Ok(wire::question_text(&ask, q.text.trim(), &q.options, &codes))
     }
 }

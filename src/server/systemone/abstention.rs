@@ -8,10 +8,12 @@
 //!   (or the declared key) for an example that cannot be answered. The
 //!   threshold is fitted ([`crate::stats::abstain`]) and the task stored.
 //!   The examples are checked in the handler, then answered by a worker
-//!   ([`work`]) one at a time, the registration kept in the state folder
-//!   (`crate::tasks::abstention_job`) and resumed after a kill. Answered
-//!   with the task once fitted, as the reference answers; with `Prefer:
-//!   respond-async`, at once with `202` and its `Location`.
+//!   ([`work`]) one at a time, as serving answers them but unobserved (no
+//!   serving metric, prefix-cache entry or traffic monitor moves), the
+//!   registration kept in the state folder (`crate::tasks::abstention_job`)
+//!   and resumed after a kill. Answered with the task once fitted, as the
+//!   reference answers; with `Prefer: respond-async`, at once with `202`
+//!   and its `Location`.
 //! - `GET /v1/abstention/tasks/{id}`: a registration's status and
 //!   progress, or the task once fitted.
 //! - `GET /v1/abstention/tasks`: every task, in the form the import loads.
@@ -34,7 +36,11 @@ use serde_json::{json, Map, Value};
 
 use std::time::{Duration, Instant};
 
-use super::{canonical_digest, parse_request, render_text, respond, Asked, Criteria, WireQuestion};
+use super::{
+    canonical_digest, confidence_of, parse_request, plan, render_text, state_text, Asked, Criteria,
+    WireQuestion,
+};
+use crate::route::State;
 use crate::server::body::{parse, read_bytes};
 use crate::server::error::ApiError;
 use crate::server::fields::task_name;
@@ -96,10 +102,11 @@ pub fn apply(
     let threshold = task.config.threshold.filter(|_| task.config.applied);
     let (abstained, best) = abstain::decide(p, at, threshold);
     let chosen = if abstained { at } else { best };
-    let k = p.len() as f64;
-    let confidence = ((p[chosen] - 1.0 / k) / (1.0 - 1.0 / k)).clamp(0.0, 1.0);
     out.insert("choice".into(), json!(asked.keys[chosen]));
-    out.insert("confidence".into(), json!(confidence));
+    out.insert(
+        "confidence".into(),
+        json!(confidence_of(p[chosen], p.len())),
+    );
     out.insert("x_abstained".into(), json!(abstained));
     out.insert("x_abstention_task".into(), json!(task.id));
 }
@@ -505,16 +512,15 @@ async fn score_one(state: &AppState, key: &str, example: &JobExample) -> Result<
             d.first().map_or("invalid".into(), |d| d.msg.clone()),
         )
     })?;
-    let read = respond(state, &request, true)
-        .await
-        .map_err(|err| match err {
-            super::WireError::Api(a) => a,
-            super::WireError::Invalid(d) => ApiError::invalid(
-                "request",
-                d.first().map_or("invalid".into(), |d| d.msg.clone()),
-            ),
-        })?;
-    let (keys, p) = &read.reads[0];
+    // Asked as serving asks it, but unobserved: no serving metric, prefix
+    // cache or certified task's traffic monitor sees a registration.
+    let planned = plan(state, &request);
+    let text = State::Text(state_text(&request.state));
+    let decision = state
+        .route
+        .decide_unobserved(text, planned.questions, request.orders.unwrap_or(1))
+        .await?;
+    let (keys, p) = (&planned.asked[0].keys, &decision.answers[0].exact);
     let at = keys.iter().position(|k| k == key).unwrap_or(0);
     let gold = example
         .gold

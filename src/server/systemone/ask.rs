@@ -288,12 +288,20 @@ pub fn canonical_digest(spec: &Value) -> String {
 
 /// TypeSafe's confidence of a choice: `(max p − 1/n) / (1 − 1/n)`.
 pub fn choice_confidence(p: &[f64]) -> f64 {
-    let n = p.len() as f64;
-    if p.len() <= 1 {
+    let top = p.iter().copied().fold(f64::MIN, f64::max);
+    confidence_of(top, p.len())
+}
+
+/// TypeSafe's confidence of a choice answered with an option of
+/// probability `p` among `n`: `(p − 1/n) / (1 − 1/n)` within 0 to 1 (1 for
+/// a single option). [`choice_confidence`] with the top option; an
+/// abstention task's answer with the option it serves.
+pub fn confidence_of(p: f64, n: usize) -> f64 {
+    if n <= 1 {
         return 1.0;
     }
-    let top = p.iter().copied().fold(f64::MIN, f64::max);
-    ((top - 1.0 / n) / (1.0 - 1.0 / n)).clamp(0.0, 1.0)
+    let n = n as f64;
+    ((p - 1.0 / n) / (1.0 - 1.0 / n)).clamp(0.0, 1.0)
 }
 
 /// TypeSafe's confidence of a score: one less the mean distance from the

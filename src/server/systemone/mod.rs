@@ -31,8 +31,8 @@ use serde::Serialize;
 use serde_json::{json, Map, Value};
 
 pub use self::ask::{
-    canonical_digest, choice_confidence, render_text, score_confidence, state_text, task_identity,
-    to_asked, wire_answer, Asked,
+    canonical_digest, choice_confidence, confidence_of, render_text, score_confidence, state_text,
+    task_identity, to_asked, wire_answer, Asked,
 };
 pub use self::error::{wire_shaped, Detail, WireError};
 pub use self::request::{parse_one, parse_request, Criteria, Kind, WireQuestion, WireRequest};
@@ -71,33 +71,30 @@ pub async fn systemone(
         return Err(ApiError::ModelNotFound(request.model.unwrap_or_default()).into());
     }
     state.ready()?;
-    Ok(HttpResponse::Ok().json(respond(&state, &request, false).await?.body))
+    Ok(HttpResponse::Ok().json(respond(&state, &request).await?))
 }
 
-/// A request answered: the response body, and (when asked for) each
-/// question's answer keys and exact probabilities, in the request's order.
-pub struct Responded {
-    pub body: Value,
-    pub reads: Vec<(Vec<String>, Vec<f64>)>,
+/// A request's questions as the route asks them: each one's keys and
+/// layout (`asked`), its task identity, the registered task that answers
+/// it (with its name), and the route's question, in the request's order.
+pub struct Planned {
+    pub asked: Vec<Asked>,
+    pub identities: Vec<String>,
+    pub tasks: Vec<Option<(Question, String)>>,
+    pub questions: Vec<Question>,
 }
 
-/// Answers a validated request as `POST /v1/systemone` does; `keep_reads`
-/// keeps each question's keys and probabilities (an abstention task's
-/// registration reads them; serving does not copy them).
-pub async fn respond(
-    state: &AppState,
-    request: &WireRequest,
-    keep_reads: bool,
-) -> Result<Responded, WireError> {
+/// Plans a validated request's questions: a registered task of the
+/// question's identity answers it with its temperature, threshold or head
+/// (`tasks`); the others are asked with the base's temperature of their
+/// type. Serving and an abstention task's registration ask alike.
+pub fn plan(state: &AppState, request: &WireRequest) -> Planned {
     let settings = state.route.wire;
     let asked: Vec<Asked> = request
         .questions
         .iter()
         .map(|(_, q)| to_asked(q, settings.noul))
         .collect();
-    // A registered task of the question's identity answers it with its
-    // temperature, threshold or head (`tasks`); the others are asked with
-    // the base's temperature of their type.
     let identities: Vec<String> = request
         .questions
         .iter()
@@ -114,22 +111,30 @@ pub async fn respond(
         .zip(&asked)
         .zip(&tasks)
         .map(|(((id, q), a), task)| match task {
-            Some((question, _)) => Question {
-                id: Some(id.clone()),
-                ..question.clone()
-            },
-            None => Question {
-                id: Some(id.clone()),
-                text: a.instructions.clone(),
-                options: a.options.clone(),
-                abstain_below: None,
-                temperature: Some(settings.temperature_of(q.kind == Kind::Choice)),
-                head: None,
-                wire: Some(a.ask.clone()),
-                bias: None,
-            },
+            Some((question, _)) => question.clone().with_id(Some(id.clone())),
+            None => Question::new(a.instructions.clone(), a.options.clone())
+                .with_id(Some(id.clone()))
+                .with_temperature(Some(settings.temperature_of(q.kind == Kind::Choice)))
+                .with_wire(Some(a.ask.clone())),
         })
         .collect();
+    Planned {
+        asked,
+        identities,
+        tasks,
+        questions,
+    }
+}
+
+/// Answers a validated request as `POST /v1/systemone` does: the
+/// response body.
+pub async fn respond(state: &AppState, request: &WireRequest) -> Result<Value, WireError> {
+    let Planned {
+        asked,
+        identities,
+        tasks,
+        questions,
+    } = plan(state, request);
     // Counted before any work: a state longer than the context is refused
     // from its length alone (413), then the texts are tokenized for
     // `usage.input_tokens` on the blocking pool, off the HTTP worker.
@@ -163,7 +168,6 @@ pub async fn respond(
         .await?;
     let per_question = started.elapsed().as_secs_f64() / request.questions.len() as f64;
     let mut answers = Map::new();
-    let mut reads = Vec::new();
     for (((((id, q), a), answer), task), identity) in request
         .questions
         .iter()
@@ -178,27 +182,19 @@ pub async fn respond(
             if question.abstain_below.is_some() {
                 out.insert("x_abstained".into(), json!(answer.abstained));
             }
-            if let Some(sets) = state.tasks.prediction_sets(name) {
-                let set: Vec<&String> = sets
-                    .set(&answer.exact)
-                    .iter()
-                    .map(|&i| &a.keys[i])
-                    .collect();
-                out.insert("x_prediction_set".into(), json!(set));
+            // System One sets no temperature of its own.
+            let outcome = state.tasks.outcome(name, answer, false);
+            if let Some(set) = outcome.prediction_set {
+                let keys: Vec<&String> = set.iter().map(|&i| &a.keys[i]).collect();
+                out.insert("x_prediction_set".into(), json!(keys));
             }
-            // Averaged over orders, the answer is not what was certified.
-            let as_certified = answer.orders == 1;
-            let conf = answer.exact[answer.top];
-            if let Some(v) = state.tasks.verdict(name, answer.top, conf, as_certified) {
+            if let Some(v) = outcome.verdict {
                 out.extend(v.fields(state.reference_field_names));
             }
         } else if let Some(v) = state.tasks.stale_verdict(identity) {
             out.extend(v.fields(state.reference_field_names));
         }
         abstention::apply(state, q, a, &answer.exact, &mut out);
-        if keep_reads {
-            reads.push((a.keys.clone(), answer.exact.clone()));
-        }
         let kind = q.kind.as_str();
         state
             .metrics
@@ -219,7 +215,7 @@ pub async fn respond(
         }
         answers.insert(id.clone(), Value::Object(out));
     }
-    let body = json!({
+    Ok(json!({
         "model": request.model.as_deref().unwrap_or(&state.model_name),
         "answers": answers,
         "usage": {"input_tokens": input_tokens, "output_tokens": request.questions.len()},
@@ -228,8 +224,7 @@ pub async fn respond(
             "tokens": decision.state.tokens,
             "cached": decision.state.cached,
         },
-    });
-    Ok(Responded { body, reads })
+    }))
 }
 
 /// One entry of System One's model list.

@@ -241,8 +241,8 @@ fn validated(
     state: &AppState,
 ) -> Result<(crate::tasks::TaskSpec, Vec<crate::tasks::Example>)> {
     state.ready()?;
-    let layers = state.route.engine().hidden_layers();
-    let caps = state.route.engine().capabilities();
+    let layers = state.route.hidden_layers();
+    let caps = state.route.capabilities();
     validate(
         body,
         &state.limits,

@@ -242,7 +242,7 @@ fn to_request(body: ReferenceTask, hidden: bool) -> Result<TaskRequest> {
 /// it: removed once the new registration is validated.
 pub async fn register(body: &[u8], state: web::Data<AppState>) -> Result<HttpResponse> {
     let reference: ReferenceTask = parse(body)?;
-    let hidden = state.route.engine().hidden_layers().is_some();
+    let hidden = state.route.hidden_layers().is_some();
     let request = to_request(reference, hidden)?;
     let (spec, examples) = super::validated(&request, &state)?;
     let tasks = state.tasks.clone();

@@ -197,20 +197,7 @@ pub(super) fn validate(
     };
     spec.rotations = rotations(req, &spec)?;
     certified(req, &mut spec, &mut examples, supplied)?;
-    let held = match spec.certified_split(&examples) {
-        Some((_, held)) => held.len(),
-        None => match kind {
-            Kind::Choice => crate::tasks::calibrate::split(examples.len(), holdout, seed)
-                .1
-                .len(),
-            Kind::Intent => {
-                let labels: Vec<usize> = examples.iter().map(|e| e.label).collect();
-                crate::tasks::head::stratified_split(&labels, spec.labels.len(), holdout, seed)
-                    .1
-                    .len()
-            }
-        },
-    };
+    let held = spec.split(&examples).1.len();
     spec.coverage = coverage(req, held, examples.len(), spec.holdout)?;
     Ok((spec, examples))
 }
@@ -306,16 +293,7 @@ fn choice_options(req: &TaskRequest) -> Result<Vec<String>> {
         .options
         .clone()
         .ok_or_else(|| ApiError::invalid("options", "a `choice` task needs `options`"))?;
-    let probe = Question {
-        id: None,
-        text: req.question.clone().unwrap_or_default(),
-        options,
-        abstain_below: None,
-        temperature: None,
-        head: None,
-        wire: None,
-        bias: None,
-    };
+    let probe = Question::new(req.question.clone().unwrap_or_default(), options);
     // The same rules as a decision's question, with the registration's names.
     check_question(&probe, "task").map_err(|e| match ApiError::from(e) {
         ApiError::BadRequest { message, param } => ApiError::BadRequest {
