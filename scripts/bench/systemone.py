@@ -53,6 +53,12 @@ Roofline (with `mlx`): each case's floating-point work on the fixture
 (from the state's tokens and the questions' as MLX's wire responses report
 them) at the machine's float32 product rate measured in the same run,
 beside the reference's time: where a target lies under that floor's ratio.
+Both backends read the same prompts (the base's padding, applied alike), so
+the floor bounds the vLLM backend's float32 upstream as it bounds MLX; the
+record sets each decisio subject's ratio beside it.
+
+`--rewrite` writes summary.md (and times.png) again from the record's
+results.json, the command and options as the run recorded them.
 
 Writes runs/<date>_<--name>/{summary.md,results.json,times.png}; the
 plot with matplotlib when it imports, else with the project's `paired_bars`
@@ -61,6 +67,7 @@ example when built (`make bench-systemone` builds it).
 
 import argparse
 import concurrent.futures
+import datetime
 import json
 import random
 import subprocess
@@ -433,6 +440,15 @@ def plot(summary, path, n):
         new, seen = summary.get("new", {}), summary.get("seen", {})
         if not exe.exists():
             return "not drawn (neither matplotlib nor the paired_bars example)"
+        conc = summary.get("concurrent", {})
+        if not new and not summary.get("read") and conc.get("ref"):
+            ref = conc["ref"]["per_s"]["median"]
+            bars = [{"name": NAMES[s], "a": v["per_s"]["median"], "b": ref}
+                    for s, v in conc.items() if s != "ref" and v.get("per_s")]
+            subprocess.run([str(exe), json.dumps({"rows": bars, "names": ["subject", "reference"],
+                            "y": "decisions per second (median)", "title": "16 concurrent clients"}),
+                            str(path)], check=True)
+            return "drawn by the paired_bars example: each subject's decisions per second beside the reference's"
         if not new:
             read = summary.get("read", {})
             ref = (read.get(f"ref {WIRE}") or {}).get("time", {}).get("median")
@@ -470,10 +486,10 @@ def write(a, out, rec, summary, picture):
     sizes = "; ".join(f"{min(t)} to {max(t)} tokens for ~{n}"
                       for t, n in ((toks, a.tokens), (st, a.state_tokens)) if t)
     lines = ["# System One: decisio beside the reference decisio 0.35.0, new questions only", "",
-             f"Command: `python scripts/bench/systemone.py {' '.join(sys.argv[1:])}`"
+             f"Command: `python scripts/bench/systemone.py {rec['command']}`"
              " (`make bench-systemone` runs it with no options).",
              f"Machine: {m['cpus']} CPUs, {m['processor'] or 'x86_64'}, {m['platform']}; the fixture"
-             f" (SmolLM2-135M-Instruct). Documents of MMLU questions ({sizes}), each read by"
+             f" (SmolLM2-135M-Instruct). Documents of MMLU questions{f' ({sizes})' if sizes else ''}, each read by"
              " one subject only; every question body sent once.", "",
              f"{a.rounds} timed rounds after one untimed round, the subjects in an order rotated"
              " each round. Times: median (min to max). Ratio: paired within a round, a subject's"
@@ -530,7 +546,9 @@ def write(a, out, rec, summary, picture):
                              f" {v['questions']:.0f} | {v['decision_s'] - v['state_s']:.2f} |"
                              f" {v['passes']:.0f} | {v['merged_jobs']:.0f} |")
     if rec.get("roofline"):
-        lines += ["", "## Roofline (MLX)", "",
+        subjects = [x for x in summary.get("read", summary.get("new", {}))
+                    if x.split()[0] in ("mlx", "vllm")]
+        lines += ["", "## Roofline (both backends)", "",
                   f"The work of each case's prompts on the fixture at the machine's float32 product rate,"
                   f" {rec['gemm_rate']:.0f} GFLOP/s (numpy's BLAS on the fixture's largest linear shape, in"
                   " this run): the linear layers for every token, the output head once a question,"
@@ -538,12 +556,18 @@ def write(a, out, rec, summary, picture):
                   f" its text (the response's `usage` less the state's) and the {rec['tail_tokens']}"
                   " of the turn's end and answer slot. The floor is the time of that work at that"
                   " rate; its ratio is over the reference's median time. A target under the floor's"
-                  " ratio is out of reach of float32 arithmetic on this machine, whatever the kernels.",
-                  "", "| case | question tokens | GFLOP | floor s | reference s | floor ratio | target |",
-                  "|---|---|---|---|---|---|---|"]
+                  " ratio is out of reach of float32 arithmetic on this machine, whatever the kernels."
+                  " Both backends read the same prompts, so the floor bounds the vLLM backend's float32"
+                  " upstream as it bounds MLX; each decisio subject's median ratio is set beside it.",
+                  "", "| case | question tokens | GFLOP | floor s | reference s | floor ratio | target | "
+                  + " | ".join(label(x) for x in subjects) + " |",
+                  "|---|---|---|---|---|---|---|" + "---|" * len(subjects)]
         for case, r in rec["roofline"].items():
+            got = [((summary.get(case) or {}).get(x) or {}).get("ratio") or {} for x in subjects]
             lines.append(f"| {case} | {r['question_tokens']:.1f} | {r['gflop']:.1f} | {r['floor_s']:.3f} |"
-                         f" {r['ref_s']:.3f} | {r['floor_ratio']:.2f} | {r['target']} |")
+                         f" {r['ref_s']:.3f} | {r['floor_ratio']:.2f} | {r['target']} | "
+                         + " | ".join(f"{g['median']:.2f}" if "median" in g else "n/a" for g in got)
+                         + " |")
     lines += ["", f"`times.png`: {picture}. `results.json`: every time and latency.", ""]
     (out / "summary.md").write_text("\n".join(lines))
     print("\n".join(lines))
@@ -564,7 +588,11 @@ def main():
     ap.add_argument("--name", default="systemone-bench", help="the record: runs/<date>_NAME")
     ap.add_argument("--vllm-flags", default="",
                     help="more flags of the vLLM backend's server, e.g. '--fair-seconds 0'")
+    ap.add_argument("--rewrite", action="store_true",
+                    help="write runs/<date>_NAME's summary again from its results.json")
     a = ap.parse_args()
+    if a.rewrite:
+        return rewrite(a.name)
     a.cases, a.servers = a.cases.split(","), a.servers.split(",")
     bad = set(a.cases) - set(CASES) | set(a.servers) - set(NAMES)
     if bad:
@@ -575,6 +603,7 @@ def main():
         rec = run(a, ports)
     finally:
         stop(procs)
+    rec["command"] = " ".join(sys.argv[1:])
     summary = summarize(rec)
     if "mlx" in a.servers:
         rec["gemm_rate"] = gemm_rate()
@@ -582,6 +611,28 @@ def main():
     picture = plot(summary, out / "times.png", a.questions)
     (out / "results.json").write_text(json.dumps(
         {"machine": common.machine(), "options": vars(a), **rec, "summary": summary}, indent=2) + "\n")
+    write(a, out, rec, summary, picture)
+
+
+def rewrite(name):
+    """The summary of runs/<date>_NAME (or runs/NAME) written again from
+    its results.json: the figures as recorded, the text as this script
+    writes it now."""
+    out = common.ROOT / "runs" / name
+    if not out.exists():
+        out = common.ROOT / "runs" / f"{datetime.date.today().isoformat()}_{name}"
+    rec = json.loads((out / "results.json").read_text())
+    a = argparse.Namespace(**rec.pop("options"))
+    rec.pop("machine", None)
+    rec.pop("summary", None)
+    if "command" not in rec:  # records from before the command was kept
+        rec["command"] = " ".join(f"--{k.replace('_', '-')} {','.join(v) if isinstance(v, list) else v}"
+                                  for k, v in (("servers", a.servers), ("rounds", a.rounds),
+                                               ("cases", a.cases), ("name", a.name)))
+    summary = summarize(rec)
+    if rec.get("gemm_rate"):
+        rec["roofline"] = roofline(rec, summary, rec["gemm_rate"])
+    picture = plot(summary, out / "times.png", a.questions)
     write(a, out, rec, summary, picture)
 
 
