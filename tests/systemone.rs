@@ -9,11 +9,12 @@ use common::{asset, model_dir, reference_file, Response, Server};
 use decisio::bases;
 use decisio::prompt::{ChatTemplate, TextTokenizer};
 use decisio::route::decide::{render_wire, Question, State};
-use decisio::route::wire::{
+use decisio::route::systemone::{
     label_forms, layout_header, letter_codes, one_token_codes, question_text, split_ids,
-    LabelVariants, Layout, NoulRendering, PromptFormat, WireAsk, WireSettings, YES_NO_LABELS,
+    state_text, to_asked, LabelVariants, Layout, NoulRendering, PromptFormat, WireAsk,
+    WireSettings, YES_NO_LABELS,
 };
-use decisio::server::systemone::{parse_request, state_text, to_asked};
+use decisio::server::systemone::parse_request;
 use serde_json::{json, Value};
 use std::time::Duration;
 

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use common::asset;
 use decisio::prompt::{ChatTemplate, TextTokenizer};
 use decisio::route::decide::{render, Question, State, LETTERS, MAX_OPTIONS, PAD_TEXT};
-use decisio::route::wire::{label_forms, letter_codes, one_token_codes, PromptFormat};
+use decisio::route::systemone::{label_forms, letter_codes, one_token_codes, PromptFormat};
 use decisio::route::TextRoute;
 use serde_json::Value;
 

@@ -12,7 +12,7 @@
 
 pub mod decide;
 mod generate;
-pub mod wire;
+pub mod systemone;
 
 use std::sync::Arc;
 

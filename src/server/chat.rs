@@ -23,7 +23,7 @@ use crate::route::{
     GenerationParams, Output, Question, State as RouteState, TokenChoice, TokenOutput,
 };
 use crate::settings::Limits;
-use crate::tasks::TaskRegistry;
+use crate::tasks::{Ask, TaskRegistry};
 
 type Result<T> = std::result::Result<T, ApiError>;
 
@@ -191,8 +191,8 @@ pub struct ChatDecision {
 /// What a chat completion asks for, validated.
 enum ChatJob {
     /// A decision: the state (every message before the question) and the
-    /// question.
-    Decision(RouteState, Question),
+    /// question, with the task it names.
+    Decision(RouteState, Ask),
     /// Image content parts, for a backend that passes them through to its
     /// upstream's chat route: the body it sends.
     Images(Value),
@@ -215,8 +215,8 @@ struct TextJob {
 /// images); else text generation.
 fn classify(req: &ChatCompletionRequest, state: &AppState) -> Result<ChatJob> {
     if let Some(d) = &req.decisio {
-        let (route_state, question) = decision(req, d, &state.tasks)?;
-        return Ok(ChatJob::Decision(route_state, question));
+        let (route_state, ask) = decision(req, d, &state.tasks)?;
+        return Ok(ChatJob::Decision(route_state, ask));
     }
     let Some(part) = first_image_part(&req.messages) else {
         return Ok(ChatJob::Text(generation(req, &state.limits, false)?));
@@ -342,7 +342,7 @@ fn decision(
     req: &ChatCompletionRequest,
     d: &DecisioRequest,
     tasks: &TaskRegistry,
-) -> Result<(RouteState, Question)> {
+) -> Result<(RouteState, Ask)> {
     if req.stream {
         return Err(ApiError::invalid(
             "stream",
@@ -448,7 +448,12 @@ fn decision(
     if messages.len() < 2 {
         return Err(ApiError::invalid("messages", state_needed));
     }
-    Ok((RouteState::Messages(messages[..last].to_vec()), question))
+    let ask = Ask {
+        question,
+        task: d.task.clone(),
+        own_temperature: d.temperature.is_some(),
+    };
+    Ok((RouteState::Messages(messages[..last].to_vec()), ask))
 }
 
 pub async fn chat_completions(
@@ -460,12 +465,7 @@ pub async fn chat_completions(
     state.check_model(body.model.as_deref())?;
     state.ready()?;
     match classify(&body, &state)? {
-        ChatJob::Decision(route_state, question) => {
-            let d = body.decisio.as_ref();
-            let task = d.and_then(|d| d.task.as_deref());
-            let own = d.is_some_and(|d| d.temperature.is_some());
-            answer_decision(&state, route_state, question, (task, own)).await
-        }
+        ChatJob::Decision(route_state, ask) => answer_decision(&state, route_state, ask).await,
         ChatJob::Images(forwarded) => answer_images(&state, forwarded).await,
         ChatJob::Text(job) => generate(&state, job, body.stream).await,
     }
@@ -626,17 +626,15 @@ pub const MAX_INTENT_TOP_LOGPROBS: usize = 20;
 
 /// A chat completion carrying a decision: the letter as content, every
 /// option letter in `top_logprobs` with its calibrated log-probability (an
-/// intent task: the label, and the most likely labels).
+/// intent task: the label, and the most likely labels), and what its task
+/// adds, from the decision service.
 async fn answer_decision(
     state: &AppState,
     route_state: RouteState,
-    question: Question,
-    (task, own_temperature): (Option<&str>, bool),
+    ask: Ask,
 ) -> Result<HttpResponse> {
-    let decision = state
-        .route
-        .decide(route_state, vec![question], None)
-        .await?;
+    let decided = state.tasks.decide(route_state, vec![ask], None, 1).await?;
+    let decision = &decided.decision;
     let a = &decision.answers[0];
     // Sorted by probability (a stable sort: the earliest option first among
     // equals); an intent task's labels stand for the letters, the most
@@ -691,8 +689,12 @@ async fn answer_decision(
             },
         },
         decisio: DecisioReply {
-            state: state_out(&decision),
-            answer: answer_out(a).with_task(state, task, own_temperature, a),
+            state: state_out(decision),
+            answer: answer_out(a).with_outcome(
+                &decided.outcomes[0],
+                a,
+                state.reference_field_names,
+            ),
         },
     }))
 }

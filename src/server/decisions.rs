@@ -13,7 +13,7 @@ use super::{new_id, unix_now, AppState};
 use crate::route::decide::{check_question, checked_orders, is_blank, MAX_QUESTIONS};
 use crate::route::MultiQuestion;
 use crate::route::{Answer, Decision, Question, State as RouteState};
-use crate::tasks::TaskRegistry;
+use crate::tasks::{Ask, TaskOutcome, TaskRegistry};
 
 type Result<T> = std::result::Result<T, ApiError>;
 
@@ -124,7 +124,7 @@ fn multi_question(mode: Option<&str>) -> Result<Option<MultiQuestion>> {
 fn validate(
     req: &DecideRequest,
     tasks: &TaskRegistry,
-) -> Result<(Vec<Question>, Option<MultiQuestion>)> {
+) -> Result<(Vec<Ask>, Option<MultiQuestion>)> {
     let mode = multi_question(req.multi_question.as_deref())?;
     if is_blank(&req.state) {
         return Err(ApiError::invalid("state", "the state is empty"));
@@ -155,7 +155,11 @@ fn validate(
                     &format!("{param}.task"),
                 )?;
                 check_question(&question, &param)?;
-                return Ok(question);
+                return Ok(Ask {
+                    question,
+                    task: Some(name.clone()),
+                    own_temperature: q.temperature.is_some(),
+                });
             }
             let text = q.text.clone().ok_or_else(|| {
                 ApiError::invalid(&format!("{param}.text"), "a question needs `text`")
@@ -168,7 +172,11 @@ fn validate(
                 .with_abstention(q.abstain_below)
                 .with_temperature(q.temperature);
             check_question(&question, &param)?;
-            Ok(question)
+            Ok(Ask {
+                question,
+                task: None,
+                own_temperature: q.temperature.is_some(),
+            })
         })
         .collect::<Result<Vec<_>>>()?;
     Ok((questions, mode))
@@ -213,29 +221,20 @@ pub fn answer_out(a: &Answer) -> AnswerOut {
 }
 
 impl AnswerOut {
-    /// The answer with what its question's task adds (`task`, the name a
-    /// request gave; `own_temperature`, it set the temperature): the
-    /// prediction set by the answer's own names (letters, or an intent
-    /// task's labels) and the certificate's fields. `/v1/decide` and a
-    /// chat decision add them alike.
-    pub fn with_task(
-        self,
-        state: &AppState,
-        task: Option<&str>,
-        own_temperature: bool,
-        a: &Answer,
-    ) -> Self {
-        let Some(name) = task else {
-            return self;
-        };
-        let outcome = state.tasks.outcome(name, a, own_temperature);
+    /// The answer with what its question's task adds (the decision
+    /// service's [`TaskOutcome`]): the prediction set by the answer's own
+    /// names (letters, or an intent task's labels) and the certificate's
+    /// fields. `/v1/decide` and a chat decision add them alike.
+    pub fn with_outcome(self, outcome: &TaskOutcome, a: &Answer, reference_names: bool) -> Self {
         Self {
             x_prediction_set: outcome
                 .prediction_set
+                .as_ref()
                 .map(|set| set.iter().map(|&i| a.probabilities[i].0.clone()).collect()),
             certification: outcome
                 .verdict
-                .map(|v| v.fields(state.reference_field_names))
+                .as_ref()
+                .map(|v| v.fields(reference_names))
                 .unwrap_or_default(),
             ..self
         }
@@ -259,25 +258,26 @@ pub async fn decide(
     let body: DecideRequest = read_json(&req, payload, state.limits.max_body_bytes).await?;
     state.check_model(body.model.as_deref())?;
     state.ready()?;
-    let (questions, mode) = validate(&body, &state.tasks)?;
+    let (asks, mode) = validate(&body, &state.tasks)?;
     let orders = body.x_orders.map_or(Ok(1), checked_orders)?;
-    let decision = state
-        .route
-        .decide_in_orders(RouteState::Text(body.state), questions, mode, orders)
+    let decided = state
+        .tasks
+        .decide(RouteState::Text(body.state), asks, mode, orders)
         .await?;
+    let decision = &decided.decision;
     Ok(HttpResponse::Ok().json(DecideResponse {
         id: new_id("decide"),
         object: "decision",
         created: unix_now(),
         model: state.model_name.clone(),
-        state: state_out(&decision),
+        state: state_out(decision),
         answers: decision
             .answers
             .iter()
-            .zip(&body.questions)
-            .map(|(a, q)| AnswerOut {
+            .zip(&decided.outcomes)
+            .map(|(a, outcome)| AnswerOut {
                 x_orders: body.x_orders.map(|_| a.orders),
-                ..answer_out(a).with_task(&state, q.task.as_deref(), q.temperature.is_some(), a)
+                ..answer_out(a).with_outcome(outcome, a, state.reference_field_names)
             })
             .collect(),
         usage: DecideUsage {

@@ -11,6 +11,10 @@
 //! resumes from its checkpoint. Decisions name a ready task instead of
 //! options ([`TaskRegistry::question`]).
 //!
+//! - `decide.rs`: the decision service every decision route hands its
+//!   questions to: the task of each, the answers read on the route, and
+//!   what a task adds to them, by one rule each ([`TaskRegistry::decide`],
+//!   [`TaskRegistry::systemone`]).
 //! - `registry.rs`: the tasks of one server: registering, listing,
 //!   deleting, and the question a decision naming a task asks.
 //! - `worker.rs`: the background worker that scores the examples and fits.
@@ -35,6 +39,7 @@
 pub mod abstention;
 pub mod abstention_job;
 pub mod certificate;
+mod decide;
 mod exchange;
 mod recertify;
 mod registry;
@@ -47,6 +52,7 @@ use std::sync::{Arc, Condvar, Mutex};
 
 use serde::{Deserialize, Serialize};
 
+pub use self::decide::{Abstention, Ask, Decided, Planned, SystemOneAnswered, SystemOneDecided};
 pub use self::exchange::{Export, Exported};
 pub use self::report::{fit, fit_intent, minimum_holdout, Report, SetsReport};
 pub use crate::stats::{calibrate, conformal, head};
@@ -204,7 +210,7 @@ pub struct Coverage {
 pub struct WireTask {
     /// How a choice task's examples and questions are asked (an intent
     /// task is asked as its instructions alone, as on `/v1/decide`).
-    pub ask: crate::route::wire::WireAsk,
+    pub ask: crate::route::systemone::WireAsk,
     /// The answer keys, in the order asked (option keys, `0`..`n-1`, or
     /// `no` and `yes`).
     pub keys: Vec<String>,
@@ -261,7 +267,7 @@ impl TaskSpec {
     /// How the task's questions are put to the model: a System One choice
     /// task's in the wire's layout (its examples were read so); an intent
     /// task's, and a task asked by name, in decisio's own.
-    pub fn asked_on_wire(&self) -> Option<crate::route::wire::WireAsk> {
+    pub fn asked_on_wire(&self) -> Option<crate::route::systemone::WireAsk> {
         match (&self.wire, self.kind) {
             (Some(w), Kind::Choice) => Some(w.ask.clone()),
             _ => None,

@@ -4,7 +4,7 @@
 
 use super::{orders, Answer, Question};
 use crate::engine::QuestionScore;
-use crate::route::wire::WireAsk;
+use crate::route::systemone::WireAsk;
 use crate::route::{RouteError, TextRoute};
 use crate::stats::head::Head;
 use crate::stats::{self, Readout};

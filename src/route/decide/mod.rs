@@ -26,7 +26,7 @@ pub use self::render::{
 
 use super::{RouteError, TextRoute};
 use crate::engine::{MultiQuestion, QuestionScore, ScoreRequest, StateHash};
-use crate::route::wire::WireAsk;
+use crate::route::systemone::WireAsk;
 use crate::stats::head::Head;
 
 /// The first 26 letter codes, one letter each (a packed prompt's options
@@ -45,7 +45,7 @@ pub const TEMPERATURE_RANGE: (f64, f64) = (1e-3, 1e3);
 /// Most options of a question: `A` to `Z`, then two-letter codes `AA`,
 /// `AB`, ... (those the tokenizer writes as one token), as the System One
 /// wire letters them.
-pub const MAX_OPTIONS: usize = crate::route::wire::MAX_LABELS;
+pub const MAX_OPTIONS: usize = crate::route::systemone::MAX_LABELS;
 
 /// Most questions in one request.
 pub const MAX_QUESTIONS: usize = 256;
@@ -108,7 +108,7 @@ pub struct Question {
     /// comes from the head on the answer position's hidden state instead
     /// of the letters.
     pub head: Option<Arc<Head>>,
-    /// Asked in the System One wire's layout (`route::wire`): the text is
+    /// Asked in the System One wire's layout (`route::systemone`): the text is
     /// the instructions, and the options are lettered with letter codes
     /// (up to 255); `None` for decisio's own layout.
     pub wire: Option<WireAsk>,

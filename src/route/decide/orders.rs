@@ -16,7 +16,7 @@
 //! does not remove it exactly. See `docs/design/text-route.md`.
 
 use super::{Question, MAX_QUESTIONS};
-use crate::route::wire::{WireAsk, MAX_LABELS};
+use crate::route::systemone::{WireAsk, MAX_LABELS};
 use crate::route::RouteError;
 pub use crate::stats::rotation;
 

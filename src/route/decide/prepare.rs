@@ -8,7 +8,7 @@ use super::{
     PACKED_SEPARATOR,
 };
 use crate::engine::{PackedPrompt, QuestionTokens, StateHash};
-use crate::route::wire::{self, LabelVariants, Layout, WireAsk};
+use crate::route::systemone::{self, LabelVariants, Layout, WireAsk};
 use crate::route::{RouteError, TextRoute};
 
 impl TextRoute {
@@ -30,7 +30,7 @@ impl TextRoute {
 
     /// The token ids a question's answer is read from, a list a label: its
     /// options' letters (letter codes on the System One wire, read in the
-    /// forms the base's prompt format reads, [`wire::label_forms`]; `yes`
+    /// forms the base's prompt format reads, [`systemone::label_forms`]; `yes`
     /// and `no` for a yes/no question in words); an intent question reads
     /// one letter (unused: the head reads the hidden state).
     pub(super) fn label_reads(&self, q: &Question) -> Result<Vec<Vec<u32>>, RouteError> {
@@ -65,7 +65,7 @@ impl TextRoute {
 
     /// The request's state as its System One questions are asked about it:
     /// under the header layout the questions' instructions listed first
-    /// ([`wire::layout_header`]); the state itself otherwise.
+    /// ([`systemone::layout_header`]); the state itself otherwise.
     pub fn wire_state(&self, state: &State, questions: &[Question]) -> State {
         match (state, self.wire_header(questions)) {
             (State::Text(text), Some(header)) => State::Text(format!("{header}{text}")),
@@ -78,7 +78,7 @@ impl TextRoute {
     pub fn wire_header(&self, questions: &[Question]) -> Option<String> {
         let wire = questions.first().is_some_and(|q| q.wire.is_some());
         (wire && self.wire.format.layout == Layout::Header)
-            .then(|| wire::layout_header(questions.iter().map(|q| q.text.trim())))
+            .then(|| systemone::layout_header(questions.iter().map(|q| q.text.trim())))
     }
 
     /// Refuses, before anything is rendered or tokenized, a state whose
@@ -270,12 +270,13 @@ impl TextRoute {
         }
         let prefix_text = prefix_text.unwrap_or_default();
         // A System One request's prefix is split as the reference splits it
-        // (`wire::split_ids`), from its first question; decisio's own
+        // (`systemone::split_ids`), from its first question; decisio's own
         // layout tokenizes the state's text alone.
         let (prefix, first) = match questions.first() {
             Some(q) if q.wire.is_some() => {
-                let (prefix, own) = wire::split_ids(&self.tokenizer, &prefix_text, &suffixes[0])
-                    .map_err(|m| invalid("questions", m))?;
+                let (prefix, own) =
+                    systemone::split_ids(&self.tokenizer, &prefix_text, &suffixes[0])
+                        .map_err(|m| invalid("questions", m))?;
                 (self.padded(prefix), Some(own))
             }
             _ => (self.prefix_ids(&prefix_text)?, None),

@@ -1,13 +1,13 @@
 //! The prompts of a decision: a question's block (or a packed prompt's)
 //! after the state, through the chat template, split where the state ends
 //! so that the state's tokens are a prefix the cache can share. A System
-//! One question is written in the wire's layout (`route::wire`).
+//! One question is written in the wire's layout (`route::systemone`).
 
 use serde_json::{Map, Value};
 
 use super::{invalid, Question, State, LETTERS};
 use crate::prompt::ChatTemplate;
-use crate::route::wire::{self, AnswerSlot, PromptFormat, WireAsk};
+use crate::route::systemone::{self, AnswerSlot, PromptFormat, WireAsk};
 use crate::route::{RouteError, TextRoute};
 
 /// The line after the options that asks for the answer.
@@ -94,12 +94,12 @@ pub fn render(
 }
 
 /// Renders a System One question on a state in the wire's layout
-/// ([`crate::route::wire`]) under a base's prompt `format`: the system turn
+/// ([`crate::route::systemone`]) under a base's prompt `format`: the system turn
 /// where the format has one, the question's own text after the state's
 /// blank line, and `Answer:` after the generation prompt under the prefill
 /// slot (nothing under the template's); the text splits where the
 /// question's own text begins. `codes` letter its options. Under the header
-/// layout `state` already starts with the header ([`wire::layout_header`]).
+/// layout `state` already starts with the header ([`systemone::layout_header`]).
 pub fn render_wire(
     template: &ChatTemplate,
     state: &State,
@@ -108,11 +108,11 @@ pub fn render_wire(
     codes: &[String],
     format: &PromptFormat,
 ) -> Result<Rendered, RouteError> {
-    let block = wire::question_text(ask, q.text.trim(), &q.options, codes);
-    let system = format.system_turn.then_some(wire::SYSTEM_PROMPT);
+    let block = systemone::question_text(ask, q.text.trim(), &q.options, codes);
+    let system = format.system_turn.then_some(systemone::SYSTEM_PROMPT);
     let mut r = render_block(template, state, block, Split::AfterBlankLine, system)?;
     if format.slot == AnswerSlot::Prefill {
-        r.suffix.push_str(wire::ANSWER_PREFILL);
+        r.suffix.push_str(systemone::ANSWER_PREFILL);
     }
     Ok(r)
 }
@@ -244,7 +244,7 @@ impl TextRoute {
     /// id of the form a single-form read takes; refused when the tokenizer
     /// has fewer. The codes whose spaced form is one token (` A`), or, where
     /// the base's format reads the bare form alone, those whose bare form is
-    /// ([`crate::route::wire::PromptFormat::bare_codes`]).
+    /// ([`crate::route::systemone::PromptFormat::bare_codes`]).
     pub fn wire_codes(&self, n: usize) -> Result<&[(String, u32)], RouteError> {
         let codes = if self.wire.format.bare_codes() {
             &self.letter_codes
@@ -272,6 +272,11 @@ impl TextRoute {
             WireAsk::YesNoWords => &[],
         };
         let codes: Vec<String> = codes.iter().map(|(c, _)| c.clone()).collect();
-        Ok(wire::question_text(&ask, q.text.trim(), &q.options, &codes))
+        Ok(systemone::question_text(
+            &ask,
+            q.text.trim(),
+            &q.options,
+            &codes,
+        ))
     }
 }

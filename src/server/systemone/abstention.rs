@@ -36,11 +36,8 @@ use serde_json::{json, Map, Value};
 
 use std::time::{Duration, Instant};
 
-use super::{
-    canonical_digest, confidence_of, parse_request, plan, render_text, state_text, Asked, Criteria,
-    WireQuestion,
-};
-use crate::route::State;
+use super::parse_request;
+use crate::route::systemone::{option_keys, option_set, Criteria};
 use crate::server::body::{parse, read_bytes};
 use crate::server::error::ApiError;
 use crate::server::fields::task_name;
@@ -51,65 +48,6 @@ use crate::tasks::abstention_job::{AbstentionJob, JobExample, JobStatus};
 use crate::tasks::FORMAT_VERSION;
 
 type Result<T> = std::result::Result<T, ApiError>;
-
-/// A choice question's option set: its keys with their descriptions, in
-/// any order.
-pub fn option_set(q: &WireQuestion) -> Option<String> {
-    let Criteria::Choice(options) = &q.criteria else {
-        return None;
-    };
-    let mut pairs: Vec<(String, String)> = options
-        .iter()
-        .map(|(k, d)| (k.clone(), d.as_ref().map(render_text).unwrap_or_default()))
-        .collect();
-    pairs.sort();
-    Some(canonical_digest(
-        &json!({"type": "choice", "criteria": pairs}),
-    ))
-}
-
-/// A choice question's set of keys, whatever their descriptions.
-pub fn option_keys(q: &WireQuestion) -> Option<String> {
-    let Criteria::Choice(options) = &q.criteria else {
-        return None;
-    };
-    let mut keys: Vec<&String> = options.iter().map(|(k, _)| k).collect();
-    keys.sort();
-    Some(canonical_digest(&json!({"type": "choice", "keys": keys})))
-}
-
-/// Applies the abstention task of a choice question, if one matches, to
-/// its answer `out` (probabilities `p`, in the order of `asked.keys`).
-pub fn apply(
-    state: &AppState,
-    q: &WireQuestion,
-    asked: &Asked,
-    p: &[f64],
-    out: &mut Map<String, Value>,
-) {
-    if !state.tasks.has_abstention() {
-        return;
-    }
-    let (Some(set), Some(keys)) = (option_set(q), option_keys(q)) else {
-        return;
-    };
-    let Some(task) = state.tasks.abstention_for(&set, &keys) else {
-        return;
-    };
-    let Some(at) = asked.keys.iter().position(|k| *k == task.option.key) else {
-        return;
-    };
-    let threshold = task.config.threshold.filter(|_| task.config.applied);
-    let (abstained, best) = abstain::decide(p, at, threshold);
-    let chosen = if abstained { at } else { best };
-    out.insert("choice".into(), json!(asked.keys[chosen]));
-    out.insert(
-        "confidence".into(),
-        json!(confidence_of(p[chosen], p.len())),
-    );
-    out.insert("x_abstained".into(), json!(abstained));
-    out.insert("x_abstention_task".into(), json!(task.id));
-}
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -514,13 +452,8 @@ async fn score_one(state: &AppState, key: &str, example: &JobExample) -> Result<
     })?;
     // Asked as serving asks it, but unobserved: no serving metric, prefix
     // cache or certified task's traffic monitor sees a registration.
-    let planned = plan(state, &request);
-    let text = State::Text(state_text(&request.state));
-    let decision = state
-        .route
-        .decide_unobserved(text, planned.questions, request.orders.unwrap_or(1))
-        .await?;
-    let (keys, p) = (&planned.asked[0].keys, &decision.answers[0].exact);
+    let (asked, answers) = state.tasks.systemone_unobserved(&request).await?;
+    let (keys, p) = (&asked[0].keys, &answers[0].exact);
     let at = keys.iter().position(|k| k == key).unwrap_or(0);
     let gold = example
         .gold

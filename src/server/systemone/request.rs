@@ -1,64 +1,13 @@
 //! The System One request: read from JSON and validated field by field,
 //! every fault named with its place (`loc`), as pydantic names them.
 
-use serde::Serialize;
 use serde_json::Value;
 
 use super::error::{detail, Detail};
-use super::{CHOICE_OPTIONS, SCORE_LEVELS};
 use crate::route::decide::{checked_orders, MAX_ORDERS};
-
-/// A question's type.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Kind {
-    Noul,
-    Choice,
-    Score,
-}
-
-impl Kind {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Kind::Noul => "noul",
-            Kind::Choice => "choice",
-            Kind::Score => "score",
-        }
-    }
-}
-
-/// One wire question, validated.
-#[derive(Clone, Debug, PartialEq)]
-pub struct WireQuestion {
-    pub kind: Kind,
-    pub instructions: Option<Value>,
-    pub criteria: Criteria,
-}
-
-/// A question's criteria, by type.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Criteria {
-    /// What a yes and a no mean (either may be absent).
-    Noul {
-        yes: Option<Value>,
-        no: Option<Value>,
-    },
-    /// The options, keys in the order sent, with their descriptions.
-    Choice(Vec<(String, Option<Value>)>),
-    /// The levels, lowest first.
-    Score(Vec<Value>),
-}
-
-/// A validated request.
-#[derive(Clone, Debug)]
-pub struct WireRequest {
-    pub model: Option<String>,
-    pub state: Value,
-    pub questions: Vec<(String, WireQuestion)>,
-    /// `x_orders`: each question read in this many cyclic orders of its
-    /// options and answered from their average (`route::decide::orders`).
-    pub orders: Option<usize>,
-}
+use crate::route::systemone::{
+    Criteria, Kind, WireQuestion, WireRequest, CHOICE_OPTIONS, SCORE_LEVELS,
+};
 
 /// Reads a body into a validated request; every fault is named.
 pub fn parse_request(body: &[u8]) -> Result<WireRequest, Vec<Detail>> {

@@ -15,9 +15,9 @@ use super::certify_block::certify_spec;
 use super::input::example_state;
 use super::reference::{answer_key, example_request, reference_out};
 use super::{CertifyIn, Result};
+use crate::route::systemone::{task_identity, to_asked};
 use crate::server::body::{parse, read_bytes};
 use crate::server::error::ApiError;
-use crate::server::systemone::{task_identity, to_asked};
 use crate::server::AppState;
 use crate::tasks::{Example, TaskRecord};
 

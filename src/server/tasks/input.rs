@@ -4,8 +4,8 @@
 
 use super::{Result, TaskExampleIn};
 use crate::route::decide::is_blank;
+use crate::route::systemone::state_text;
 use crate::server::error::ApiError;
-use crate::server::systemone::state_text;
 use crate::tasks::Example;
 
 /// Bounds of a share or probability in (0, 1] (or (0, 1) when `open`).

@@ -19,9 +19,10 @@ use serde_json::{json, Value};
 
 use super::validate::MIN_INTENT_OPTIONS;
 use super::{shown, CertifyIn, Result, TaskExampleIn, TaskRequest};
+use crate::route::systemone::WireRequest;
 use crate::server::body::parse;
 use crate::server::error::ApiError;
-use crate::server::systemone::{parse_request, WireRequest};
+use crate::server::systemone::parse_request;
 use crate::server::AppState;
 use crate::tasks::{Status, TaskError, TaskRecord};
 

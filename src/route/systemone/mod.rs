@@ -1,4 +1,6 @@
-//! The System One wire's prompt layout, as the reference decisio 0.35.0
+//! TypeSafe's System One below HTTP: its questions and requests, typed
+//! (`question`), how the reference asks them and keys their tasks
+//! (`ask`), and the prompt layout, as the reference decisio 0.35.0
 //! serves it (`decisio/readout/letters.py`, `question_body` and
 //! `chat_turn`; `decisio/families.py`, each base's settings).
 //!
@@ -26,6 +28,14 @@
 //! question's own text begins (the reference splits there, so every
 //! question about one state shares those tokens exactly).
 
+mod ask;
+mod question;
+
+pub use self::ask::{
+    canonical_digest, choice_confidence, confidence_of, option_keys, option_set, render_text,
+    score_confidence, state_text, task_identity, to_asked, Asked,
+};
+pub use self::question::{Criteria, Kind, WireQuestion, WireRequest, CHOICE_OPTIONS, SCORE_LEVELS};
 pub use crate::bases::{
     AnswerSlot, LabelVariants, Layout, NoulRendering, PromptFormat, WireSettings,
 };

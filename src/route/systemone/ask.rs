@@ -1,13 +1,14 @@
 //! A System One question as the route asks it, as the reference's served
 //! defaults ask it (`to_engine_question` and `noul_as_letters` of
-//! `decisio/serve/systemone.py`), and its answer in the wire's shape.
+//! `decisio/serve/systemone.py`): its text, options and keys, its task
+//! identity, the option sets an abstention task matches, and TypeSafe's
+//! confidences of its answer.
 
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
-use super::request::{Criteria, Kind, WireQuestion};
+use super::question::{Criteria, Kind, WireQuestion};
+use super::{NoulRendering, WireAsk};
 use crate::prompt::python::{json_dumps, py_str, JsonOptions};
-use crate::route::wire::{NoulRendering, WireAsk};
-use crate::route::Answer;
 
 /// Instructions used when a question sends none (or only whitespace): the
 /// prompt needs a question line (`DEFAULT_INSTRUCTIONS` of the reference).
@@ -322,65 +323,65 @@ pub fn score_confidence(p: &[f64], mode: usize) -> f64 {
     (1.0 - spread / uniform).clamp(0.0, 1.0)
 }
 
-/// A level as the legend echoes it: text and structure as sent, any other
-/// scalar as its text (the SDKs read strings, objects and arrays).
-fn legend_value(level: &Value) -> Value {
-    match level {
-        Value::String(_) | Value::Object(_) | Value::Array(_) => level.clone(),
-        other => Value::String(render_text(other)),
-    }
+/// A choice question's option set: its keys with their descriptions, in
+/// any order.
+pub fn option_set(q: &WireQuestion) -> Option<String> {
+    let Criteria::Choice(options) = &q.criteria else {
+        return None;
+    };
+    let mut pairs: Vec<(String, String)> = options
+        .iter()
+        .map(|(k, d)| (k.clone(), d.as_ref().map(render_text).unwrap_or_default()))
+        .collect();
+    pairs.sort();
+    Some(canonical_digest(
+        &json!({"type": "choice", "criteria": pairs}),
+    ))
 }
 
-/// The wire answer of one question from the route's answer (its
-/// probabilities over the asked options, in the order asked).
-pub fn wire_answer(q: &WireQuestion, asked: &Asked, answer: &Answer) -> Map<String, Value> {
-    let p = &answer.exact;
-    let mut out = Map::new();
-    out.insert("type".into(), json!(q.kind.as_str()));
-    match &q.criteria {
-        Criteria::Noul { .. } => {
-            let yes = asked.keys.iter().position(|k| k == "yes").unwrap_or(0);
-            out.insert("noul".into(), json!(p[yes]));
-        }
-        Criteria::Choice(_) => {
-            out.insert("choice".into(), json!(asked.keys[answer.top]));
-            out.insert("confidence".into(), json!(choice_confidence(p)));
-            let probs: Map<String, Value> = asked
-                .keys
-                .iter()
-                .zip(p)
-                .map(|(k, v)| (k.clone(), json!(v)))
-                .collect();
-            out.insert("probabilities".into(), Value::Object(probs));
-        }
-        Criteria::Score(levels) => {
-            let score: f64 = p.iter().enumerate().map(|(i, pi)| i as f64 * pi).sum();
-            out.insert("score".into(), json!(score));
-            out.insert("confidence".into(), json!(score_confidence(p, answer.top)));
-            let legend: Map<String, Value> = levels
-                .iter()
-                .enumerate()
-                .map(|(i, l)| (i.to_string(), legend_value(l)))
-                .collect();
-            out.insert("legend".into(), Value::Object(legend));
-            let probs: Map<String, Value> = p
-                .iter()
-                .enumerate()
-                .map(|(i, v)| (i.to_string(), json!(v)))
-                .collect();
-            out.insert("probabilities".into(), Value::Object(probs));
-        }
-    }
-    out
+/// A choice question's set of keys, whatever their descriptions.
+pub fn option_keys(q: &WireQuestion) -> Option<String> {
+    let Criteria::Choice(options) = &q.criteria else {
+        return None;
+    };
+    let mut keys: Vec<&String> = options.iter().map(|(k, _)| k).collect();
+    keys.sort();
+    Some(canonical_digest(&json!({"type": "choice", "keys": keys})))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::server::systemone::request::parse_question;
 
+    /// A question as a validated body holds it (`crate::server::systemone`
+    /// validates; these bodies are valid).
     fn question(v: Value) -> WireQuestion {
-        parse_question("q", v).unwrap()
+        let text = |v: &Value| (!v.is_null()).then(|| v.clone());
+        let kind = match v["type"].as_str() {
+            Some("noul") => Kind::Noul,
+            Some("choice") => Kind::Choice,
+            _ => Kind::Score,
+        };
+        let c = &v["criteria"];
+        let criteria = match kind {
+            Kind::Noul => Criteria::Noul {
+                yes: text(&c["true"]),
+                no: text(&c["false"]),
+            },
+            Kind::Choice => Criteria::Choice(
+                c.as_object()
+                    .unwrap()
+                    .iter()
+                    .map(|(k, d)| (k.clone(), text(d)))
+                    .collect(),
+            ),
+            Kind::Score => Criteria::Score(c.as_array().unwrap().clone()),
+        };
+        WireQuestion {
+            kind,
+            instructions: text(&v["instructions"]),
+            criteria,
+        }
     }
 
     #[test]

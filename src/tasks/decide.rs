@@ -1,0 +1,294 @@
+//! The decision service: one way down and one way up for a decision on
+//! every route.
+//!
+//! A handler maps its wire onto typed questions (`/v1/decide`'s and a chat
+//! completion's `decisio` object as [`Ask`]s; `/v1/systemone`'s validated
+//! [`WireRequest`]) and hands them here. The service finds each question's
+//! task, reads the answers on the text route, and adds by one rule each
+//! what a task adds ([`TaskRegistry::outcome`]: the prediction set and the
+//! certificate's verdict; on System One also the verdict of a task fitted
+//! on another model, and an abstention task's decision). The handler maps
+//! the result onto its response; it does not come back down.
+//!
+//! ```text
+//! handler ── Ask / WireRequest ──> TaskRegistry::{decide, systemone}
+//!                                     │ plan: task identity, task question
+//!                                     │ TextRoute: count, read, answer
+//!                                     │ outcome, stale verdict, abstention
+//! handler <── Decided / SystemOneDecided ┘
+//! ```
+
+use std::time::Instant;
+
+use super::{TaskOutcome, TaskRegistry};
+use crate::route::systemone::{
+    option_keys, option_set, state_text, task_identity, to_asked, Asked, Kind, WireQuestion,
+    WireRequest,
+};
+use crate::route::{Answer, Decision, EngineError, MultiQuestion, Question, RouteError, State};
+use crate::stats::abstain;
+
+/// A question to decide, with the task a request named for it.
+#[derive(Clone, Debug)]
+pub struct Ask {
+    pub question: Question,
+    /// The registered task's name, where the request named one (the
+    /// question is then the task's, from [`TaskRegistry::question`]).
+    pub task: Option<String>,
+    /// The request set the temperature: the answer is then not what a
+    /// certificate promises.
+    pub own_temperature: bool,
+}
+
+/// A decision with what each question's task adds, in the questions' order
+/// (an empty outcome for a question of no task).
+#[derive(Debug)]
+pub struct Decided {
+    pub decision: Decision,
+    pub outcomes: Vec<TaskOutcome>,
+}
+
+/// A System One request's questions as the route asks them, in the
+/// request's order.
+pub struct Planned {
+    /// Each question's keys and layout.
+    pub asked: Vec<Asked>,
+    /// Each question's task identity.
+    pub identities: Vec<String>,
+    /// The registered task that answers a question, with its name.
+    pub tasks: Vec<Option<(Question, String)>>,
+    /// The route's questions.
+    pub questions: Vec<Question>,
+}
+
+/// An abstention task's decision on a choice answer: the option served
+/// (an index into the asked keys) and whether it is the declared one.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Abstention {
+    pub task: String,
+    pub chosen: usize,
+    pub abstained: bool,
+}
+
+/// One System One question, decided: how it was asked, the task that
+/// answered it, and what tasks add to its answer.
+#[derive(Debug)]
+pub struct SystemOneAnswered {
+    pub asked: Asked,
+    /// The registered task's name, where one answered the question.
+    pub task: Option<String>,
+    /// The task's question abstains below a probability.
+    pub abstains: bool,
+    /// The task's prediction set and verdict; or, where no task answered,
+    /// the verdict of a certified task of the question's identity fitted on
+    /// another model.
+    pub outcome: TaskOutcome,
+    pub abstention: Option<Abstention>,
+}
+
+/// A System One request, decided.
+#[derive(Debug)]
+pub struct SystemOneDecided {
+    pub decision: Decision,
+    /// In the request's order, beside `decision.answers`.
+    pub questions: Vec<SystemOneAnswered>,
+    /// The state's and the questions' tokens as rendered
+    /// (`usage.input_tokens`).
+    pub input_tokens: usize,
+    /// The seconds the route took to answer.
+    pub seconds: f64,
+}
+
+impl TaskRegistry {
+    /// Decides `asks` on `state` (in `orders` cyclic orders of their
+    /// options; `mode`, how several questions are read), each with its
+    /// task's outcome.
+    pub async fn decide(
+        &self,
+        state: State,
+        asks: Vec<Ask>,
+        mode: Option<MultiQuestion>,
+        orders: usize,
+    ) -> Result<Decided, RouteError> {
+        let (questions, named): (Vec<Question>, Vec<(Option<String>, bool)>) = asks
+            .into_iter()
+            .map(|a| (a.question, (a.task, a.own_temperature)))
+            .unzip();
+        let decision = self
+            .route
+            .decide_in_orders(state, questions, mode, orders)
+            .await?;
+        let outcomes = decision
+            .answers
+            .iter()
+            .zip(&named)
+            .map(|(a, (task, own))| match task {
+                Some(name) => self.outcome(name, a, *own),
+                None => TaskOutcome::default(),
+            })
+            .collect();
+        Ok(Decided { decision, outcomes })
+    }
+
+    /// Plans a validated System One request's questions: a registered task
+    /// of the question's identity answers it with its temperature,
+    /// threshold or head; the others are asked with the base's temperature
+    /// of their type. Serving and an abstention task's registration ask
+    /// alike.
+    pub fn plan(&self, request: &WireRequest) -> Planned {
+        let settings = self.route.wire;
+        let asked: Vec<Asked> = request
+            .questions
+            .iter()
+            .map(|(_, q)| to_asked(q, settings.noul))
+            .collect();
+        let identities: Vec<String> = request
+            .questions
+            .iter()
+            .zip(&asked)
+            .map(|((_, q), a)| task_identity(q, a, settings.noul))
+            .collect();
+        let tasks: Vec<Option<(Question, String)>> = identities
+            .iter()
+            .map(|identity| self.wire_question(identity))
+            .collect();
+        let questions: Vec<Question> = request
+            .questions
+            .iter()
+            .zip(&asked)
+            .zip(&tasks)
+            .map(|(((id, q), a), task)| match task {
+                Some((question, _)) => question.clone().with_id(Some(id.clone())),
+                None => Question::new(a.instructions.clone(), a.options.clone())
+                    .with_id(Some(id.clone()))
+                    .with_temperature(Some(settings.temperature_of(q.kind == Kind::Choice)))
+                    .with_wire(Some(a.ask.clone())),
+            })
+            .collect();
+        Planned {
+            asked,
+            identities,
+            tasks,
+            questions,
+        }
+    }
+
+    /// Decides a validated System One request as `POST /v1/systemone`
+    /// answers it.
+    pub async fn systemone(&self, request: &WireRequest) -> Result<SystemOneDecided, RouteError> {
+        let Planned {
+            asked,
+            identities,
+            tasks,
+            questions,
+        } = self.plan(request);
+        let (text, input_tokens) = self.counted(request, &questions).await?;
+        let started = Instant::now();
+        let decision = self
+            .route
+            .decide_in_orders(text, questions, None, request.orders.unwrap_or(1))
+            .await?;
+        let seconds = started.elapsed().as_secs_f64();
+        let questions = request
+            .questions
+            .iter()
+            .zip(asked)
+            .zip(&decision.answers)
+            .zip(tasks)
+            .zip(&identities)
+            .map(|(((((_, q), asked), answer), task), identity)| {
+                let outcome = match &task {
+                    // System One sets no temperature of its own.
+                    Some((_, name)) => self.outcome(name, answer, false),
+                    None => TaskOutcome {
+                        prediction_set: None,
+                        verdict: self.stale_verdict(identity),
+                    },
+                };
+                let abstention = self.abstention(q, &asked, &answer.exact);
+                SystemOneAnswered {
+                    abstains: task
+                        .as_ref()
+                        .is_some_and(|(t, _)| t.abstain_below.is_some()),
+                    task: task.map(|(_, name)| name),
+                    asked,
+                    outcome,
+                    abstention,
+                }
+            })
+            .collect();
+        Ok(SystemOneDecided {
+            decision,
+            questions,
+            input_tokens,
+            seconds,
+        })
+    }
+
+    /// The request's state, and its tokens with the questions' as
+    /// rendered. Counted before any work: a state longer than the context
+    /// is refused from its length alone, then the texts are tokenized on
+    /// the blocking pool.
+    async fn counted(
+        &self,
+        request: &WireRequest,
+        questions: &[Question],
+    ) -> Result<(State, usize), RouteError> {
+        let state_text = state_text(&request.state);
+        self.route
+            .check_state_size(&State::Text(state_text.clone()))?;
+        let mut texts: Vec<String> = self.route.wire_header(questions).into_iter().collect();
+        for q in questions {
+            // An intent task's question is its instructions alone.
+            texts.push(match q.head {
+                Some(_) => q.text.clone(),
+                None => self.route.wire_question_text(q)?,
+            });
+        }
+        let route = self.route.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut n = route.count_state_tokens(&state_text)?;
+            for t in &texts {
+                n += route.count_tokens(t)?;
+            }
+            Ok((State::Text(state_text), n))
+        })
+        .await
+        .map_err(|e| RouteError::from(EngineError::Model(e.to_string())))?
+    }
+
+    /// The abstention task of a choice question, if one matches and its
+    /// declared key is among the question's options, applied to the
+    /// answer's probabilities `p` (in the order of `asked.keys`).
+    pub fn abstention(&self, q: &WireQuestion, asked: &Asked, p: &[f64]) -> Option<Abstention> {
+        if !self.has_abstention() {
+            return None;
+        }
+        let task = self.abstention_for(&option_set(q)?, &option_keys(q)?)?;
+        let at = asked.keys.iter().position(|k| *k == task.option.key)?;
+        let threshold = task.config.threshold.filter(|_| task.config.applied);
+        let (abstained, best) = abstain::decide(p, at, threshold);
+        Some(Abstention {
+            task: task.id,
+            chosen: if abstained { at } else { best },
+            abstained,
+        })
+    }
+
+    /// The answers of a registration's System One request, asked as
+    /// serving asks them but unobserved: no serving metric, prefix-cache
+    /// entry or certified task's traffic monitor sees them. With the
+    /// request's questions as asked.
+    pub async fn systemone_unobserved(
+        &self,
+        request: &WireRequest,
+    ) -> Result<(Vec<Asked>, Vec<Answer>), RouteError> {
+        let planned = self.plan(request);
+        let text = State::Text(state_text(&request.state));
+        let decision = self
+            .route
+            .decide_unobserved(text, planned.questions, request.orders.unwrap_or(1))
+            .await?;
+        Ok((planned.asked, decision.answers))
+    }
+}
