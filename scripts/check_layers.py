@@ -8,7 +8,7 @@ and paths written inline), resolves each to the module that defines it, and
 checks two rules (`docs/design/layout.md`):
 
 1. **No circle among siblings.** Inside every module (the crate itself,
-   `engine`, `engine::vllm`, `server`, ...), the graph of imports between its
+   `engine`, `engine::vllm`, `http`, ...), the graph of imports between its
    child modules has no cycle. A parent's own file (`mod.rs`) may use its
    children; children may use their parent's items.
 2. **No import up a floor.** The crate's top-level modules stand on the
@@ -37,16 +37,16 @@ from pathlib import Path
 # backends, then the leaves every floor may use.
 FLOORS = [
     ["serve", "register", "suite", "convert"],
-    ["server"],
+    ["http"],
     ["tasks"],
-    ["route"],
+    ["text_route"],
     ["engine"],
     ["prompt", "bases", "hub", "metrics", "settings", "client", "progress"],
     ["stats", "model_config", "rng", "base64"],
 ]
 
 # The floors that reach the backend only through the route.
-BEHIND_ROUTE = ["server", "tasks"]
+BEHIND_ROUTE = ["http", "tasks"]
 
 # The longest a source file may be (docs/design/layout.md).
 MAX_LINES = 700
@@ -242,7 +242,7 @@ def main():
                               "a floor above it: move the shared item down")
     for a, bs in sorted(children_graph(g, ()).items()):
         if a[0] in BEHIND_ROUTE and any(b[0] == "engine" for b in bs):
-            faults.append(f"{a[0]} imports engine: ask the route (crate::route) instead")
+            faults.append(f"{a[0]} imports engine: ask the route (crate::text_route) instead")
     for module, file in sorted(mods.items()):
         lines = file.read_text().count("\n")
         if lines > MAX_LINES:

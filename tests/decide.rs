@@ -6,8 +6,8 @@ mod common;
 
 use common::Server;
 use decisio::prompt::{ChatTemplate, TextTokenizer};
-use decisio::route::decide::{render, LETTERS};
-use decisio::route::{Question, State};
+use decisio::text_route::decide::{render, LETTERS};
+use decisio::text_route::{Question, State};
 use serde_json::{json, Value};
 
 /// States and questions built from MMLU by scripts/reference/decisions.py.
@@ -372,7 +372,7 @@ fn abstention_temperature_ties_and_bad_input() {
 fn up_to_255_options_are_lettered_with_two_letter_codes() {
     let s = Server::start(&[]);
     let tokenizer = TextTokenizer::from_file(common::model_dir().join("tokenizer.json")).unwrap();
-    let codes = decisio::route::systemone::one_token_codes(&tokenizer, "");
+    let codes = decisio::text_route::systemone::one_token_codes(&tokenizer, "");
     assert_eq!(codes.len(), 255);
     assert!(codes.iter().take(26).map(|(c, _)| c.as_str()).eq(LETTERS));
     let mut options: Vec<String> = (1..255).map(|i| format!("a crate of {i} apples")).collect();

@@ -1,5 +1,5 @@
 //! `openapi/openapi.yaml` describes exactly the routes the server has
-//! (`decisio::server::ROUTES`), and the parts every client relies on.
+//! (`decisio::http::ROUTES`), and the parts every client relies on.
 
 use std::collections::BTreeSet;
 
@@ -57,20 +57,20 @@ fn spec_routes_are_exactly_the_server_routes() {
         .into_iter()
         .map(|(method, path, _)| (method, path))
         .collect();
-    let served: BTreeSet<(String, String)> = decisio::server::ROUTES
+    let served: BTreeSet<(String, String)> = decisio::http::ROUTES
         .iter()
         .map(|e| (e.method.to_string(), e.path.to_string()))
         .collect();
     assert_eq!(
         served.len(),
-        decisio::server::ROUTES.len(),
-        "server::ROUTES lists a route twice"
+        decisio::http::ROUTES.len(),
+        "http::ROUTES lists a route twice"
     );
     let undocumented: Vec<_> = served.difference(&documented).collect();
     let not_served: Vec<_> = documented.difference(&served).collect();
     assert!(
         undocumented.is_empty() && not_served.is_empty(),
-        "{SPEC} and server::ROUTES differ:\n  served but not documented: {undocumented:?}\n  \
+        "{SPEC} and http::ROUTES differ:\n  served but not documented: {undocumented:?}\n  \
          documented but not served: {not_served:?}"
     );
 }
@@ -176,8 +176,8 @@ fn properties_at(spec: &serde_json::Value, pointer: &str) -> BTreeSet<String> {
 
 #[test]
 fn every_request_schema_has_exactly_the_fields_the_server_reads() {
-    use decisio::server::types::*;
-    let spec = decisio::server::openapi::file();
+    use decisio::http::types::*;
+    let spec = decisio::http::openapi::file();
     let s = "/components/schemas";
     let tasks = format!("{s}/TaskRequest/properties");
     let pairs: Vec<(String, BTreeSet<String>)> = vec![
@@ -259,10 +259,10 @@ fn every_request_schema_has_exactly_the_fields_the_server_reads() {
 /// The numbers the validation code enforces are the description's.
 #[test]
 fn the_described_limits_are_the_enforced_ones() {
-    use decisio::route::decide::{MAX_OPTIONS, MAX_QUESTIONS, TEMPERATURE_RANGE};
     use decisio::settings::Limits;
+    use decisio::text_route::decide::{MAX_OPTIONS, MAX_QUESTIONS, TEMPERATURE_RANGE};
     use serde_json::json;
-    let spec = decisio::server::openapi::file();
+    let spec = decisio::http::openapi::file();
     let limits = Limits::default();
     let s = "/components/schemas";
     let at = |p: &str| {
@@ -347,12 +347,12 @@ fn the_described_limits_are_the_enforced_ones() {
 }
 
 /// The pattern of a text that must not be blank: a character that is not
-/// whitespace as the server counts it (`decisio::route::decide::is_blank`),
+/// whitespace as the server counts it (`decisio::text_route::decide::is_blank`),
 /// every such character written out (`\S` means other characters in
 /// other regex dialects: ECMA-262's takes U+FEFF as whitespace and U+0085
 /// not, Python's takes U+001C to U+001F).
 fn non_blank_pattern() -> String {
-    use decisio::route::decide::is_blank;
+    use decisio::text_route::decide::is_blank;
     let blank: Vec<u32> = (0..=0x10FFFFu32)
         .filter_map(char::from_u32)
         .filter(|c| is_blank(&c.to_string()))
@@ -382,7 +382,7 @@ fn non_blank_pattern() -> String {
 /// U+00A0 is blank to both.
 #[test]
 fn every_non_blank_text_is_described_as_the_server_trims() {
-    use decisio::route::decide::is_blank;
+    use decisio::text_route::decide::is_blank;
     let pattern = non_blank_pattern();
     assert_eq!(
         pattern,
@@ -390,7 +390,7 @@ fn every_non_blank_text_is_described_as_the_server_trims() {
     );
     assert!(is_blank("\u{a0}") && is_blank("\u{85}") && is_blank(" \t\u{3000}\n"));
     assert!(!is_blank("\u{feff}") && !is_blank("\u{1c}"));
-    let spec = decisio::server::openapi::file();
+    let spec = decisio::http::openapi::file();
     let s = "/components/schemas";
     for pointer in [
         format!("{s}/DecideRequest/properties/state/pattern"),
@@ -485,7 +485,7 @@ fn every_integer_a_request_carries_is_bounded() {
             _ => {}
         }
     }
-    let spec = decisio::server::openapi::file();
+    let spec = decisio::http::openapi::file();
     let mut seen = BTreeSet::new();
     let mut loose = Vec::new();
     for (path, item) in spec["paths"].as_object().expect("paths") {

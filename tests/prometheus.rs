@@ -357,7 +357,7 @@ fn prometheus_scrapes_the_decision_metrics() {
     let held = samples(&text, "decisio_prefix_cache_bytes")[0].1;
     let budget = samples(&text, "decisio_prefix_cache_capacity_bytes")[0].1;
     assert!(held > 0.0 && held <= budget, "{held} of {budget}");
-    let known: BTreeSet<&str> = decisio::server::ROUTES
+    let known: BTreeSet<&str> = decisio::http::ROUTES
         .iter()
         .map(|e| e.path)
         .chain(["unmatched"])

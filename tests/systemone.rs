@@ -7,14 +7,14 @@ mod common;
 
 use common::{asset, model_dir, reference_file, Response, Server};
 use decisio::bases;
+use decisio::http::systemone::parse_request;
 use decisio::prompt::{ChatTemplate, TextTokenizer};
-use decisio::route::decide::{render_wire, Question, State};
-use decisio::route::systemone::{
+use decisio::text_route::decide::{render_wire, Question, State};
+use decisio::text_route::systemone::{
     label_forms, layout_header, letter_codes, one_token_codes, question_text, split_ids,
     state_text, to_asked, LabelVariants, Layout, NoulRendering, PromptFormat, WireAsk,
     WireSettings, YES_NO_LABELS,
 };
-use decisio::server::systemone::parse_request;
 use serde_json::{json, Value};
 use std::time::Duration;
 
@@ -705,7 +705,7 @@ fn x_orders_averages_the_cyclic_orders_of_the_options_on_both_backends() {
     assert_eq!(averaged["answers"]["refund"]["x_orders"], 2, "{averaged}");
     let mut mean = [0.0f64; 5];
     for r in 0..5 {
-        let order = decisio::route::decide::rotation(5, r, 5);
+        let order = decisio::text_route::decide::rotation(5, r, 5);
         let one = ask(&mlx, &asked(&order, None));
         for (k, p) in probabilities(&one["answers"]["team"]) {
             let i = keys.iter().position(|&key| key == k).unwrap();

@@ -13,9 +13,9 @@ use std::path::PathBuf;
 
 use common::asset;
 use decisio::prompt::{ChatTemplate, TextTokenizer};
-use decisio::route::decide::{render, Question, State, LETTERS, MAX_OPTIONS, PAD_TEXT};
-use decisio::route::systemone::{label_forms, letter_codes, one_token_codes, PromptFormat};
-use decisio::route::TextRoute;
+use decisio::text_route::decide::{render, Question, State, LETTERS, MAX_OPTIONS, PAD_TEXT};
+use decisio::text_route::systemone::{label_forms, letter_codes, one_token_codes, PromptFormat};
+use decisio::text_route::TextRoute;
 use serde_json::Value;
 
 /// MMLU rows used as decision questions, per tokenizer.

@@ -203,8 +203,8 @@ fn block_padding_and_sequential_mode_give_the_same_answers_on_both_backends() {
 /// and the rest tokenized apart.
 fn packed_prompt(st: &Value, n: usize) -> Vec<u32> {
     use decisio::prompt::{ChatTemplate, TextTokenizer};
-    use decisio::route::decide::render_packed;
-    use decisio::route::{Question, State};
+    use decisio::text_route::decide::render_packed;
+    use decisio::text_route::{Question, State};
     let dir = common::model_dir();
     let template = ChatTemplate::from_tokenizer_config(dir.join("tokenizer_config.json")).unwrap();
     let tokenizer = TextTokenizer::from_file(dir.join("tokenizer.json")).unwrap();

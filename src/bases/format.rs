@@ -53,7 +53,7 @@ pub enum Layout {
 /// tail is every base's).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PromptFormat {
-    /// A system turn before the question (`route::systemone::SYSTEM_PROMPT`).
+    /// A system turn before the question (`text_route::systemone::SYSTEM_PROMPT`).
     pub system_turn: bool,
     pub slot: AnswerSlot,
     pub variants: LabelVariants,

@@ -15,14 +15,14 @@ use crate::bases::{
 use crate::engine::mlx::{Device, LoadOptions, MlxEngine, MlxOptions};
 use crate::engine::vllm::{MethodChoice, VllmEngine, VllmOptions};
 use crate::engine::{Engine, EngineStatus, MultiQuestion};
+use crate::http::{self, AppState};
 use crate::hub::{self, Wanted};
 use crate::metrics::Metrics;
 use crate::model_config;
 use crate::prompt::{ChatTemplate, TextTokenizer};
-use crate::route::{PadPolicy, RouteConfig, TextRoute};
-use crate::server::{self, AppState};
 use crate::settings::{Limits, UpstreamLimits};
 use crate::tasks::{TaskLimits, TaskRegistry};
+use crate::text_route::{PadPolicy, RouteConfig, TextRoute};
 
 mod upstream;
 use upstream::{upstream_model, UpstreamArgs};
@@ -258,7 +258,7 @@ fn padding(args: &ServeArgs, base: Option<&'static Base>) -> Result<PadPolicy> {
 /// The default letter temperature: `--letter-temperature`, or the pooled
 /// temperature of the record `--temperature-from` names, or 1.
 fn letter_temperature(args: &ServeArgs) -> Result<f64> {
-    let (lo, hi) = crate::route::decide::TEMPERATURE_RANGE;
+    let (lo, hi) = crate::text_route::decide::TEMPERATURE_RANGE;
     let t = match (&args.letter_temperature, &args.temperature_from) {
         (Some(t), _) => *t,
         (None, Some(path)) => {
@@ -567,7 +567,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         Backend::Vllm => "",
     };
     exit_if_load_fails(state.route.clone(), failed);
-    actix_web::rt::System::new().block_on(server::serve(state, &args.host, args.port))?;
+    actix_web::rt::System::new().block_on(http::serve(state, &args.host, args.port))?;
     Ok(())
 }
 

@@ -4,7 +4,7 @@
 //!
 //! Two estimates of the per-letter bias `b` (one value per position,
 //! centred), both from the fit side of a task's examples, each example
-//! read in `k` cyclic rotations of its options (`route::decide::rotation`;
+//! read in `k` cyclic rotations of its options (`text_route::decide::rotation`;
 //! rotation 0 is the order served):
 //!
 //! - **PriDe** (Zheng et al. 2024): without labels. Averaged over the

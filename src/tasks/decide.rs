@@ -21,12 +21,14 @@
 use std::time::Instant;
 
 use super::{TaskOutcome, TaskRegistry};
-use crate::route::systemone::{
+use crate::stats::abstain;
+use crate::text_route::systemone::{
     option_keys, option_set, state_text, task_identity, to_asked, Asked, Kind, WireQuestion,
     WireRequest,
 };
-use crate::route::{Answer, Decision, EngineError, MultiQuestion, Question, RouteError, State};
-use crate::stats::abstain;
+use crate::text_route::{
+    Answer, Decision, EngineError, MultiQuestion, Question, RouteError, State,
+};
 
 /// A question to decide, with the task a request named for it.
 #[derive(Clone, Debug)]
@@ -64,7 +66,7 @@ pub struct Planned {
 /// An abstention task's decision on a choice answer: the option served
 /// (an index into the asked keys) and whether it is the declared one.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Abstention {
+pub struct Abstained {
     pub task: String,
     pub chosen: usize,
     pub abstained: bool,
@@ -83,7 +85,7 @@ pub struct SystemOneAnswered {
     /// the verdict of a certified task of the question's identity fitted on
     /// another model.
     pub outcome: TaskOutcome,
-    pub abstention: Option<Abstention>,
+    pub abstention: Option<Abstained>,
 }
 
 /// A System One request, decided.
@@ -260,7 +262,7 @@ impl TaskRegistry {
     /// The abstention task of a choice question, if one matches and its
     /// declared key is among the question's options, applied to the
     /// answer's probabilities `p` (in the order of `asked.keys`).
-    pub fn abstention(&self, q: &WireQuestion, asked: &Asked, p: &[f64]) -> Option<Abstention> {
+    pub fn abstention(&self, q: &WireQuestion, asked: &Asked, p: &[f64]) -> Option<Abstained> {
         if !self.has_abstention() {
             return None;
         }
@@ -268,7 +270,7 @@ impl TaskRegistry {
         let at = asked.keys.iter().position(|k| *k == task.option.key)?;
         let threshold = task.config.threshold.filter(|_| task.config.applied);
         let (abstained, best) = abstain::decide(p, at, threshold);
-        Some(Abstention {
+        Some(Abstained {
             task: task.id,
             chosen: if abstained { at } else { best },
             abstained,

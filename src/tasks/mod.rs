@@ -52,15 +52,15 @@ use std::sync::{Arc, Condvar, Mutex};
 
 use serde::{Deserialize, Serialize};
 
-pub use self::decide::{Abstention, Ask, Decided, Planned, SystemOneAnswered, SystemOneDecided};
+pub use self::decide::{Abstained, Ask, Decided, Planned, SystemOneAnswered, SystemOneDecided};
 pub use self::exchange::{Export, Exported};
 pub use self::report::{fit, fit_intent, minimum_holdout, Report, SetsReport};
 pub use crate::stats::{calibrate, conformal, head};
 
 use self::store::Store;
 use crate::metrics::Metrics;
-use crate::route::TextRoute;
 use crate::stats::head::Head;
+use crate::text_route::TextRoute;
 
 /// What a registered task adds to an answer of its question
 /// ([`TaskRegistry::outcome`]).
@@ -210,7 +210,7 @@ pub struct Coverage {
 pub struct WireTask {
     /// How a choice task's examples and questions are asked (an intent
     /// task is asked as its instructions alone, as on `/v1/decide`).
-    pub ask: crate::route::systemone::WireAsk,
+    pub ask: crate::text_route::systemone::WireAsk,
     /// The answer keys, in the order asked (option keys, `0`..`n-1`, or
     /// `no` and `yes`).
     pub keys: Vec<String>,
@@ -267,7 +267,7 @@ impl TaskSpec {
     /// How the task's questions are put to the model: a System One choice
     /// task's in the wire's layout (its examples were read so); an intent
     /// task's, and a task asked by name, in decisio's own.
-    pub fn asked_on_wire(&self) -> Option<crate::route::systemone::WireAsk> {
+    pub fn asked_on_wire(&self) -> Option<crate::text_route::systemone::WireAsk> {
         match (&self.wire, self.kind) {
             (Some(w), Kind::Choice) => Some(w.ask.clone()),
             _ => None,

@@ -7,16 +7,16 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
-use super::certificate::{Reason, Stack, Verdict};
+use super::certificate::{CertificateReport, Reason, Stack, Verdict};
 use super::store::Store;
 use super::{
     Deleted, Example, Kind, Progress, SetsReport, Status, TaskError, TaskLimits, TaskOutcome,
     TaskRecord, TaskRegistry, TaskSpec, FORMAT_VERSION,
 };
-use crate::route::EngineStatus;
-use crate::route::{Answer, Question, TextRoute};
 use crate::stats::head::Head;
 use crate::stats::monitor::Monitor;
+use crate::text_route::EngineStatus;
+use crate::text_route::{Answer, Question, TextRoute};
 
 fn unix_now() -> u64 {
     std::time::SystemTime::now()
@@ -303,14 +303,6 @@ impl TaskRegistry {
         Some((question, record.spec.name.clone()))
     }
 
-    /// The prediction sets of the ready task named `name`, when it was
-    /// registered with a coverage.
-    fn prediction_sets(&self, name: &str) -> Option<SetsReport> {
-        let tasks = self.lock();
-        let record = tasks.values().find(|r| r.spec.name == name)?;
-        record.report.as_ref()?.prediction_sets.clone()
-    }
-
     /// The serving stack a certificate made now would name.
     pub fn stack(&self) -> Stack {
         let r = &self.route;
@@ -322,16 +314,17 @@ impl TaskRegistry {
         }
     }
 
-    /// The verdict on an answer of the task named `name` (`None` when the
-    /// task has no certificate): its chosen option, its top probability,
-    /// and `as_certified`, false when the request changed what is served.
-    /// The answer is counted by the task's traffic monitor and metrics.
-    fn verdict(&self, name: &str, chosen: usize, conf: f64, as_certified: bool) -> Option<Verdict> {
-        let (id, cert) = {
-            let tasks = self.lock();
-            let r = tasks.values().find(|r| r.spec.name == name)?;
-            (r.id.clone(), r.report.as_ref()?.certificate.clone()?)
-        };
+    /// The verdict of certificate `cert` of the task `name` (id `id`) on
+    /// an answer: its chosen option, its top probability, and
+    /// `as_certified`, false when the request changed what is served. The
+    /// answer is counted by the task's traffic monitor and metrics.
+    fn verdict(
+        &self,
+        (name, id): (&str, String),
+        cert: CertificateReport,
+        (chosen, conf): (usize, f64),
+        as_certified: bool,
+    ) -> Verdict {
         let mut monitors = self.monitors.lock().unwrap_or_else(|p| p.into_inner());
         let monitor = monitors
             .entry(id)
@@ -347,7 +340,7 @@ impl TaskRegistry {
             monitor.observe(chosen, verdict.certified, conf);
         }
         self.export_verdict(name, &verdict, &monitor.facts());
-        Some(verdict)
+        verdict
     }
 
     /// What the task named `name` adds to an answer of its question, by
@@ -356,10 +349,28 @@ impl TaskRegistry {
     /// `own_temperature`: the request set the temperature, so the answer,
     /// like one averaged over orders, is not what was certified.
     pub fn outcome(&self, name: &str, answer: &Answer, own_temperature: bool) -> TaskOutcome {
+        // The task is looked up once: its prediction sets and certificate.
+        let found = {
+            let tasks = self.lock();
+            tasks
+                .values()
+                .find(|r| r.spec.name == name)
+                .and_then(|r| Some((r.id.clone(), r.report.as_ref()?)))
+                .map(|(id, report)| {
+                    let sets: Option<SetsReport> = report.prediction_sets.clone();
+                    (id, sets, report.certificate.clone())
+                })
+        };
+        let Some((id, sets, cert)) = found else {
+            return TaskOutcome::default();
+        };
         let as_certified = !own_temperature && answer.orders == 1;
         TaskOutcome {
-            prediction_set: self.prediction_sets(name).map(|s| s.set(&answer.exact)),
-            verdict: self.verdict(name, answer.top, answer.confidence(), as_certified),
+            prediction_set: sets.map(|s| s.set(&answer.exact)),
+            verdict: cert.map(|cert| {
+                let answered = (answer.top, answer.confidence());
+                self.verdict((name, id), cert, answered, as_certified)
+            }),
         }
     }
 

@@ -5,10 +5,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{certificate, fit, fit_intent, Kind, Status, TaskRecord, TaskRegistry, TaskSpec};
-use crate::route::{EngineError, EngineStatus};
-use crate::route::{Question, RouteError, State};
+use super::{
+    certificate, fit, fit_intent, Example, Kind, Report, Status, TaskRecord, TaskRegistry, TaskSpec,
+};
 use crate::stats::head::Head;
+use crate::text_route::{EngineError, EngineStatus};
+use crate::text_route::{Question, RouteError, State};
 
 /// How often a running registration checkpoints its logits and progress.
 const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
@@ -122,99 +124,12 @@ impl TaskRegistry {
             resumed,
             examples.len()
         );
-        let question = scored_question(&spec);
-        let (mut last_save, mut last_log) = (Instant::now(), Instant::now());
-        for i in resumed..examples.len() {
-            if !self.pending(id) {
-                self.store.remove_checkpoint(id);
-                return Ok(());
-            }
-            logits.push(self.readout(&examples[i].state, &question, &spec, i)?);
-            self.metrics.task_registration_examples.inc();
-            let done = logits.len();
-            let elapsed = started.elapsed().as_secs_f64();
-            let rate = (done - resumed) as f64 / elapsed.max(1e-9);
-            self.metrics.task_registration_rate.set(rate);
-            let progress = |r: &mut TaskRecord| {
-                r.progress.done = done;
-                r.progress.rate = Some(rate);
-                r.progress.eta_seconds = Some((r.progress.total - done) as f64 / rate);
-                r.seconds = before + elapsed;
-            };
-            // The checkpoint and the record are saved together now and then;
-            // progress is kept in memory after every example.
-            if last_save.elapsed() >= CHECKPOINT_EVERY || done == examples.len() {
-                last_save = Instant::now();
-                self.store.save_checkpoint(id, &logits, &mut sealed)?;
-                self.update(id, progress)?;
-            } else {
-                let mut tasks = self.lock();
-                if let Some(r) = tasks.get_mut(id).filter(|r| r.status.pending()) {
-                    progress(r);
-                }
-            }
-            if last_log.elapsed() >= LOG_EVERY {
-                last_log = Instant::now();
-                tracing::info!(
-                    "task `{}` ({id}): {done} of {} examples, {rate:.2}/s",
-                    spec.name,
-                    examples.len()
-                );
-            }
-        }
-        let labels: Vec<usize> = examples.iter().map(|e| e.label).collect();
-        let split = spec.split(&examples);
-        let (mut report, head) = match spec.kind {
-            Kind::Choice => {
-                // Each row's rotations apart; the served order's first.
-                let n = spec.labels.len();
-                let reads: Vec<Vec<Vec<f32>>> = logits
-                    .iter()
-                    .map(|row| row.chunks(n).map(<[f32]>::to_vec).collect())
-                    .collect();
-                logits = reads.iter().map(|r| r[0].clone()).collect();
-                (
-                    fit(
-                        &spec,
-                        &reads,
-                        &labels,
-                        self.route.default_temperature,
-                        split,
-                    ),
-                    None,
-                )
-            }
-            Kind::Intent => {
-                let (report, head) = fit_intent(&spec, &logits, &labels, split)?;
-                (report, Some(head))
-            }
+        let Some(mut logits) =
+            self.score_examples(id, &spec, &examples, logits, sealed, (before, started))?
+        else {
+            return Ok(());
         };
-        // The certificate, on the held-out answers as served: the letters'
-        // logits, or the head's on the hidden states.
-        if spec.certify.is_some() {
-            let held = &report.holdout_indices;
-            let held_rows: Vec<Vec<f32>> = held
-                .iter()
-                .map(|&i| match &head {
-                    Some(h) => h.logits(&logits[i]),
-                    None => report.served_logits(&logits[i]),
-                })
-                .collect();
-            let held_labels: Vec<usize> = held.iter().map(|&i| labels[i]).collect();
-            report.certificate = certificate::of_holdout(
-                &spec,
-                &held_rows,
-                &held_labels,
-                report.temperature,
-                report.fit_examples,
-                self.stack(),
-                if spec.certify_examples > 0 {
-                    certificate::Method::Supplied
-                } else {
-                    certificate::Method::Holdout
-                },
-            );
-        }
+        let (mut report, head) = self.fitted(&spec, &examples, &mut logits)?;
         report.seconds = before + started.elapsed().as_secs_f64();
         if let Some(h) = &head {
             // The head is on disk before the record says ready.
@@ -248,6 +163,122 @@ impl TaskRegistry {
             figures.2
         );
         Ok(())
+    }
+
+    /// Scores the examples from `logits.len()` on, checkpointing now and
+    /// then; `None` when the registration was deleted or cancelled
+    /// meanwhile. `(before, started)`: the seconds spent in earlier runs,
+    /// and when this one started.
+    fn score_examples(
+        &self,
+        id: &str,
+        spec: &TaskSpec,
+        examples: &[Example],
+        mut logits: Vec<Vec<f32>>,
+        mut sealed: usize,
+        (before, started): (f64, Instant),
+    ) -> Result<Option<Vec<Vec<f32>>>, String> {
+        let resumed = logits.len();
+        let question = scored_question(spec);
+        let (mut last_save, mut last_log) = (Instant::now(), Instant::now());
+        for i in resumed..examples.len() {
+            if !self.pending(id) {
+                self.store.remove_checkpoint(id);
+                return Ok(None);
+            }
+            logits.push(self.readout(&examples[i].state, &question, spec, i)?);
+            self.metrics.task_registration_examples.inc();
+            let done = logits.len();
+            let elapsed = started.elapsed().as_secs_f64();
+            let rate = (done - resumed) as f64 / elapsed.max(1e-9);
+            self.metrics.task_registration_rate.set(rate);
+            let progress = |r: &mut TaskRecord| {
+                r.progress.done = done;
+                r.progress.rate = Some(rate);
+                r.progress.eta_seconds = Some((r.progress.total - done) as f64 / rate);
+                r.seconds = before + elapsed;
+            };
+            // The checkpoint and the record are saved together now and then;
+            // progress is kept in memory after every example.
+            if last_save.elapsed() >= CHECKPOINT_EVERY || done == examples.len() {
+                last_save = Instant::now();
+                self.store.save_checkpoint(id, &logits, &mut sealed)?;
+                self.update(id, progress)?;
+            } else {
+                let mut tasks = self.lock();
+                if let Some(r) = tasks.get_mut(id).filter(|r| r.status.pending()) {
+                    progress(r);
+                }
+            }
+            if last_log.elapsed() >= LOG_EVERY {
+                last_log = Instant::now();
+                tracing::info!(
+                    "task `{}` ({id}): {done} of {} examples, {rate:.2}/s",
+                    spec.name,
+                    examples.len()
+                );
+            }
+        }
+        Ok(Some(logits))
+    }
+
+    /// The task's report (and an intent task's head) fitted on its scored
+    /// `logits`, with the certificate of a certified task; a choice task's
+    /// `logits` are left as the served order's rows.
+    fn fitted(
+        &self,
+        spec: &TaskSpec,
+        examples: &[Example],
+        logits: &mut Vec<Vec<f32>>,
+    ) -> Result<(Report, Option<Head>), String> {
+        let labels: Vec<usize> = examples.iter().map(|e| e.label).collect();
+        let split = spec.split(examples);
+        let (mut report, head) = match spec.kind {
+            Kind::Choice => {
+                // Each row's rotations apart; the served order's first.
+                let n = spec.labels.len();
+                let reads: Vec<Vec<Vec<f32>>> = logits
+                    .iter()
+                    .map(|row| row.chunks(n).map(<[f32]>::to_vec).collect())
+                    .collect();
+                *logits = reads.iter().map(|r| r[0].clone()).collect();
+                (
+                    fit(spec, &reads, &labels, self.route.default_temperature, split),
+                    None,
+                )
+            }
+            Kind::Intent => {
+                let (report, head) = fit_intent(spec, logits, &labels, split)?;
+                (report, Some(head))
+            }
+        };
+        // The certificate, on the held-out answers as served: the letters'
+        // logits, or the head's on the hidden states.
+        if spec.certify.is_some() {
+            let held = &report.holdout_indices;
+            let held_rows: Vec<Vec<f32>> = held
+                .iter()
+                .map(|&i| match &head {
+                    Some(h) => h.logits(&logits[i]),
+                    None => report.served_logits(&logits[i]),
+                })
+                .collect();
+            let held_labels: Vec<usize> = held.iter().map(|&i| labels[i]).collect();
+            report.certificate = certificate::of_holdout(
+                spec,
+                &held_rows,
+                &held_labels,
+                report.temperature,
+                report.fit_examples,
+                self.stack(),
+                if spec.certify_examples > 0 {
+                    certificate::Method::Supplied
+                } else {
+                    certificate::Method::Holdout
+                },
+            );
+        }
+        Ok((report, head))
     }
 
     fn pending(&self, id: &str) -> bool {

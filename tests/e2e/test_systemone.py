@@ -125,7 +125,7 @@ def test_jevcompat_finds_the_route_conformant(auth, backend, request):
     """jevcompat 0.1.1 (every MUST and SHOULD) against the fixture, without
     and with an API key (the auth checks run only with one), on the MLX
     backend and on the vLLM backend in front of a real vLLM. The key is
-    checked in the HTTP layer, before any backend (src/server/auth.rs), so
+    checked in the HTTP layer, before any backend (src/http/auth.rs), so
     its checks run on one backend: the vLLM backend runs without one."""
     state_dir = tempfile.mkdtemp(prefix="decisio-jevcompat-")
     args = ["--model", str(MODEL), "--state-dir", state_dir] + (["--api-key", "jev-key"] if auth else [])

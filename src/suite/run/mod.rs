@@ -128,6 +128,83 @@ pub fn run(args: &RunArgs) -> Result<Record> {
         data::intent_rows(&loaded, i)?;
     }
 
+    let (model, server) = served(&client, &args.server)?;
+    let journal_path = args.out.join("journal.jsonl");
+    let (journal, old, sessions) = open_journal(args, &loaded, &server, &model)?;
+
+    let mut done: HashSet<(String, String)> = HashSet::new();
+    let mut conformed: HashSet<(String, String)> = HashSet::new();
+    let mut intents_done: HashSet<String> = HashSet::new();
+    for l in &old {
+        match l {
+            Line::Answer { set, answer, .. } => {
+                done.insert((set.clone(), answer.id.clone()));
+            }
+            Line::Conformance { record, .. } => {
+                conformed.insert((record.set.clone(), record.id.clone()));
+            }
+            Line::Intent { record, .. } => {
+                intents_done.insert(record.name.clone());
+            }
+            Line::Start { .. } => {}
+        }
+    }
+
+    let work = requests(&sets, &done, args.questions_per_request);
+    ask_all(
+        &client,
+        &model,
+        &sets,
+        &work,
+        (&journal, &journal_path),
+        args.concurrency,
+    )?;
+
+    conform(
+        &client,
+        &model,
+        (suite.seed, suite.conformance),
+        &sets,
+        &conformed,
+        (&journal, &journal_path),
+    )?;
+
+    for set in &suite.intent_sets {
+        if intents_done.contains(&set.name) {
+            continue;
+        }
+        eprintln!("intent set `{}`: registering", set.name);
+        let record = intent(&client, &loaded, set)?;
+        let mut j = journal.lock().expect("journal");
+        let t = j.t();
+        j.write(&Line::Intent { record, t })?;
+    }
+
+    let memory = if suite.record.contains(&Extra::Memory) {
+        Some(memory(&client)?)
+    } else {
+        None
+    };
+    let record = assemble(
+        &loaded,
+        &sets,
+        &journal_path,
+        server,
+        model,
+        memory,
+        sessions as u32,
+    )?;
+    write(
+        &record,
+        &args.out,
+        super::plot::font(args.font.as_deref()).as_deref(),
+    )?;
+    Ok(record)
+}
+
+/// The served model's name and what it serves (`decisio` of its card in
+/// `/v1/models`).
+fn served(client: &Client, at: &str) -> Result<(String, Value)> {
     let models = client.get("/v1/models")?;
     if models.status != 200 {
         bail!("GET /v1/models: {}", models.error());
@@ -139,9 +216,21 @@ pub fn run(args: &RunArgs) -> Result<Record> {
         .to_string();
     let server = card["decisio"].clone();
     if !server.is_object() {
-        bail!("the server at {} does not describe what it serves (`decisio` of /v1/models): is it a decisio server of this version?", args.server);
+        bail!("the server at {} does not describe what it serves (`decisio` of /v1/models): is it a decisio server of this version?", at);
     }
+    Ok((model, server))
+}
 
+/// The run's journal in `args.out`, resumed where it holds a run of the
+/// same suite against the same served configuration (and refused where it
+/// holds another), its start written: the journal, its earlier lines and
+/// how many sessions they hold.
+fn open_journal(
+    args: &RunArgs,
+    loaded: &Loaded,
+    server: &Value,
+    model: &str,
+) -> Result<(Mutex<Journal>, Vec<Line>, usize)> {
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("cannot create {}", args.out.display()))?;
     let journal_path = args.out.join("journal.jsonl");
@@ -196,27 +285,18 @@ pub fn run(args: &RunArgs) -> Result<Record> {
     journal.lock().expect("journal").write(&Line::Start {
         suite: loaded.digest.clone(),
         server: server.clone(),
-        model: model.clone(),
+        model: model.to_string(),
     })?;
+    Ok((journal, old, sessions))
+}
 
-    let mut done: HashSet<(String, String)> = HashSet::new();
-    let mut conformed: HashSet<(String, String)> = HashSet::new();
-    let mut intents_done: HashSet<String> = HashSet::new();
-    for l in &old {
-        match l {
-            Line::Answer { set, answer, .. } => {
-                done.insert((set.clone(), answer.id.clone()));
-            }
-            Line::Conformance { record, .. } => {
-                conformed.insert((record.set.clone(), record.id.clone()));
-            }
-            Line::Intent { record, .. } => {
-                intents_done.insert(record.name.clone());
-            }
-            Line::Start { .. } => {}
-        }
-    }
-
+/// The requests: the pending questions of each state (`(set, items)`), in
+/// chunks of `per_request`; a chat question alone.
+fn requests(
+    sets: &[(String, Vec<Item>)],
+    done: &HashSet<(String, String)>,
+    per_request: usize,
+) -> Vec<(usize, Vec<usize>)> {
     // The requests: the pending questions of each state, in chunks.
     let mut work: Vec<(usize, Vec<usize>)> = Vec::new();
     for (s, (name, items)) in sets.iter().enumerate() {
@@ -238,11 +318,24 @@ pub fn run(args: &RunArgs) -> Result<Record> {
             e.push(i);
         }
         for st in order {
-            for chunk in by_state[st].chunks(args.questions_per_request.max(1)) {
+            for chunk in by_state[st].chunks(per_request.max(1)) {
                 work.push((s, chunk.to_vec()));
             }
         }
     }
+    work
+}
+
+/// Asks every request on `concurrency` threads, each answer journalled; the
+/// first error stops the run, saying how to resume it.
+fn ask_all(
+    client: &Client,
+    model: &str,
+    sets: &[(String, Vec<Item>)],
+    work: &[(usize, Vec<usize>)],
+    (journal, journal_path): (&Mutex<Journal>, &Path),
+    concurrency: usize,
+) -> Result<()> {
     let pending: usize = work.iter().map(|(_, c)| c.len()).sum();
     if pending > 0 {
         let pb = bar(pending, "choice questions");
@@ -250,7 +343,7 @@ pub fn run(args: &RunArgs) -> Result<Record> {
         let stop = AtomicBool::new(false);
         let first_error: Mutex<Option<anyhow::Error>> = Mutex::new(None);
         std::thread::scope(|scope| {
-            for _ in 0..args.concurrency.max(1) {
+            for _ in 0..concurrency.max(1) {
                 scope.spawn(|| {
                     while !stop.load(Ordering::Relaxed) {
                         let k = next.fetch_add(1, Ordering::Relaxed);
@@ -258,7 +351,7 @@ pub fn run(args: &RunArgs) -> Result<Record> {
                         let (name, items) = &sets[*s];
                         let chosen: Vec<&Item> = idx.iter().map(|&i| &items[i]).collect();
                         let outcome =
-                            ask(&client, &model, &chosen).and_then(|(answers, ms, cached)| {
+                            ask(client, model, &chosen).and_then(|(answers, ms, cached)| {
                                 let mut j = journal.lock().expect("journal");
                                 for answer in answers {
                                     let t = j.t();
@@ -291,22 +384,34 @@ pub fn run(args: &RunArgs) -> Result<Record> {
             )));
         }
     }
+    Ok(())
+}
 
+/// Conformance: a seeded sample of `conformance` questions of each set,
+/// each asked alone again and compared bit for bit with its answer in the
+/// journal; what `conformed` holds is not asked again.
+fn conform(
+    client: &Client,
+    model: &str,
+    (seed, conformance): (u64, usize),
+    sets: &[(String, Vec<Item>)],
+    conformed: &HashSet<(String, String)>,
+    (journal, journal_path): (&Mutex<Journal>, &Path),
+) -> Result<()> {
     // Conformance: a seeded sample of each set, each question alone.
     let mut sample: Vec<(usize, usize)> = Vec::new();
     for (s, (name, items)) in sets.iter().enumerate() {
         let mut idx: Vec<usize> = (0..items.len()).collect();
-        let mut rng =
-            SplitMix::new(suite.seed ^ (s as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let mut rng = SplitMix::new(seed ^ (s as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
         rng.shuffle(&mut idx);
-        for i in idx.into_iter().take(suite.conformance) {
+        for i in idx.into_iter().take(conformance) {
             if !conformed.contains(&(name.clone(), items[i].id.clone())) {
                 sample.push((s, i));
             }
         }
     }
     let answers_now = || -> Result<HashMap<(String, String), AnswerRecord>> {
-        Ok(read_journal(&journal_path)?
+        Ok(read_journal(journal_path)?
             .into_iter()
             .filter_map(|l| match l {
                 Line::Answer { set, answer, .. } => Some(((set, answer.id.clone()), answer)),
@@ -320,7 +425,7 @@ pub fn run(args: &RunArgs) -> Result<Record> {
         for (s, i) in sample {
             let (name, items) = &sets[s];
             let item = &items[i];
-            let (mut got, ms, cached) = ask(&client, &model, &[item])?;
+            let (mut got, ms, cached) = ask(client, model, &[item])?;
             let got = got.remove(0);
             let suite_answer = answers
                 .get(&(name.clone(), item.id.clone()))
@@ -330,7 +435,7 @@ pub fn run(args: &RunArgs) -> Result<Record> {
                 && bits(&got.letter_logprobs) == bits(&suite_answer.letter_logprobs);
             let (surface, request) = match &item.state {
                 State::Text(_) => ("decide", None),
-                State::Chat(_) => ("chat", Some(request(&model, &[item]).1)),
+                State::Chat(_) => ("chat", Some(request(model, &[item]).1)),
             };
             let record = Conformance {
                 set: name.clone(),
@@ -353,38 +458,7 @@ pub fn run(args: &RunArgs) -> Result<Record> {
         }
         pb.finish();
     }
-
-    for set in &suite.intent_sets {
-        if intents_done.contains(&set.name) {
-            continue;
-        }
-        eprintln!("intent set `{}`: registering", set.name);
-        let record = intent(&client, &loaded, set)?;
-        let mut j = journal.lock().expect("journal");
-        let t = j.t();
-        j.write(&Line::Intent { record, t })?;
-    }
-
-    let memory = if suite.record.contains(&Extra::Memory) {
-        Some(memory(&client)?)
-    } else {
-        None
-    };
-    let record = assemble(
-        &loaded,
-        &sets,
-        &journal_path,
-        server,
-        model,
-        memory,
-        sessions as u32,
-    )?;
-    write(
-        &record,
-        &args.out,
-        super::plot::font(args.font.as_deref()).as_deref(),
-    )?;
-    Ok(record)
+    Ok(())
 }
 
 /// The record from the journal.
