@@ -44,6 +44,9 @@ enum SuiteCommand {
 }
 
 fn main() -> Result<()> {
+    // First, before any other thread or product: OpenBLAS's fast kernels
+    // where it does not know the processor (`choose_blas_core`).
+    let blas_core = decisio::engine::mlx::host::choose_blas_core();
     // The log goes to standard error: standard output is for what a
     // command prints as its result (`decisio register`'s report).
     tracing_subscriber::fmt()
@@ -53,6 +56,12 @@ fn main() -> Result<()> {
                 .unwrap_or_else(|_| "info,actix_server=warn".into()),
         )
         .init();
+    if let Some((fallback, core)) = blas_core {
+        tracing::info!(
+            "OpenBLAS did not know this processor and took it for `{fallback}`; its `{core}` \
+             kernels are used instead (set OPENBLAS_CORETYPE to choose others)"
+        );
+    }
     match Cli::parse().command {
         Command::Serve(args) => decisio::serve::run(*args),
         Command::Convert(args) => decisio::convert::run(args),

@@ -101,6 +101,10 @@ pub struct Metrics {
 }
 
 impl Metrics {
+    /// Every metric, declared and registered. Long by design: one
+    /// declaration a metric (name, help, labels), read as a table, with
+    /// nothing to split by job; a metric is added by one entry here and one
+    /// field above.
     pub fn new() -> Self {
         let registry = Registry::new();
         let gauge_vec = |name: &str, help: &str| {

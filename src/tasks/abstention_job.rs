@@ -1,5 +1,5 @@
 //! Abstention registrations in progress: an abstention task's examples are
-//! answered one at a time by a worker (`src/server/systemone/abstention.rs`,
+//! answered one at a time by a worker (`src/http/systemone/abstention.rs`,
 //! since it answers them as `/v1/systemone` serves), not in the handler
 //! that took them. Each registration is kept in the state folder, under
 //! `tasks/abstention/`, as three files:

@@ -98,7 +98,7 @@ pub async fn generate(
             CompletionRequest {
                 temperature: Some(request.sampling.temperature),
                 top_p: Some(request.sampling.top_p),
-                // The request's signed seed, carried as its bits (src/server/sampling.rs).
+                // The request's signed seed, carried as its bits (src/http/sampling.rs).
                 seed: request.sampling.seed.map(|s| s as i64),
                 // Always asked: the token names carry the generated ids.
                 logprobs: Some(k.max(request.prompt_logprobs.unwrap_or(0))),

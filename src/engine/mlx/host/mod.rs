@@ -20,9 +20,11 @@
 use mlx_rs::{Array, Dtype};
 
 mod attention;
+mod blas_core;
 mod rows;
 mod workers;
 pub use attention::{attention, blas_product, split_attention, MAX_INNER};
+pub use blas_core::choose_blas_core;
 pub use rows::{rms_norm, rope};
 
 use super::MlxResult;
