@@ -36,7 +36,7 @@ use serde_json::{json, Map, Value};
 
 use std::time::{Duration, Instant};
 
-use super::parse_request;
+use super::parse_value;
 use crate::http::body::{parse, read_bytes};
 use crate::http::error::ApiError;
 use crate::http::fields::task_name;
@@ -136,8 +136,7 @@ fn check(body: &AbstentionRequest, state: &AppState) -> Result<(String, Vec<Chec
     let mut out = Vec::with_capacity(n);
     for (i, e) in body.examples.iter().enumerate() {
         let field = format!("examples[{i}].request");
-        let bytes = serde_json::to_vec(&e.request).unwrap_or_default();
-        let request = parse_request(&bytes).map_err(|d| {
+        let request = parse_value(e.request.clone()).map_err(|d| {
             let at = d.first().map_or(String::new(), |d| {
                 let loc: Vec<String> = d.loc.iter().skip(1).map(|v| v.to_string()).collect();
                 format!(" (at {}: {})", loc.join("."), d.msg)
@@ -443,8 +442,7 @@ async fn score_all(
 
 /// One example answered as served, and scored against its gold key.
 async fn score_one(state: &AppState, key: &str, example: &JobExample) -> Result<Scored> {
-    let bytes = serde_json::to_vec(&example.request).unwrap_or_default();
-    let request = parse_request(&bytes).map_err(|d| {
+    let request = parse_value(example.request.clone()).map_err(|d| {
         ApiError::invalid(
             "request",
             d.first().map_or("invalid".into(), |d| d.msg.clone()),

@@ -33,7 +33,7 @@ use serde_json::{json, Map, Value};
 
 pub use self::answer::wire_answer;
 pub use self::error::{wire_shaped, Detail, WireError};
-pub use self::request::{parse_one, parse_request};
+pub use self::request::{parse_one, parse_request, parse_value};
 use super::error::ApiError;
 use super::AppState;
 use crate::prompt::python::CivilTime;

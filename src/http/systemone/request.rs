@@ -18,6 +18,12 @@ pub fn parse_request(body: &[u8]) -> Result<WireRequest, Vec<Detail>> {
             "json_invalid",
         )]
     })?;
+    parse_value(value)
+}
+
+/// A request already read as JSON (a task example's `request`) into a
+/// validated request, as [`parse_request`] validates a body.
+pub fn parse_value(value: Value) -> Result<WireRequest, Vec<Detail>> {
     let Value::Object(mut top) = value else {
         return Err(vec![detail(
             &[],

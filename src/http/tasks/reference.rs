@@ -21,7 +21,7 @@ use super::validate::MIN_INTENT_OPTIONS;
 use super::{shown, CertifyIn, Result, TaskExampleIn, TaskRequest};
 use crate::http::body::parse;
 use crate::http::error::ApiError;
-use crate::http::systemone::parse_request;
+use crate::http::systemone::parse_value;
 use crate::http::AppState;
 use crate::tasks::{Status, TaskError, TaskRecord};
 use crate::text_route::systemone::WireRequest;
@@ -78,8 +78,7 @@ pub fn is_reference_form(body: &[u8]) -> bool {
 /// An example's `request`, read as `/v1/systemone` reads a body, or a
 /// 400 naming `param` with the first fault.
 pub(super) fn example_request(request: &Value, param: &str) -> Result<WireRequest> {
-    let bytes = serde_json::to_vec(request).unwrap_or_default();
-    parse_request(&bytes).map_err(|faults| {
+    parse_value(request.clone()).map_err(|faults| {
         ApiError::invalid(
             param,
             format!(

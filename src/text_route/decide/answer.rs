@@ -2,11 +2,10 @@
 //! (the letters' logits, or an intent head's on the hidden state, divided
 //! by the temperature), the tie-break and abstention.
 
-use super::{orders, Answer, Question};
+use super::{orders, Answer, Lettering, Question};
 use crate::engine::QuestionScore;
 use crate::stats::head::Head;
 use crate::stats::{self, Readout};
-use crate::text_route::systemone::WireAsk;
 use crate::text_route::{RouteError, TextRoute};
 
 /// Calibrated probabilities: softmax over the option letters' logits divided
@@ -51,8 +50,8 @@ impl TextRoute {
     /// The labels a question's answer names its options by: the letters,
     /// the System One wire's letter codes, or `yes` and `no`.
     fn labels(&self, q: &Question) -> Vec<String> {
-        match &q.wire {
-            Some(WireAsk::YesNoWords) => vec!["yes".into(), "no".into()],
+        match q.lettering() {
+            Lettering::YesNoWords => vec!["yes".into(), "no".into()],
             _ => self
                 .codes(q)
                 .unwrap_or_default()

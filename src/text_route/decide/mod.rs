@@ -118,7 +118,32 @@ pub struct Question {
     pub bias: Option<Arc<[f64]>>,
 }
 
+/// How a question's options are named and read: the one lettering every
+/// step (rendering, the codes, the labels, the tokens read, the orders)
+/// asks a question for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lettering {
+    /// decisio's own layout: letters `A`..`Z`, `AA`, ... (an intent task's
+    /// question reads one letter; its head answers).
+    Letters,
+    /// The System One wire's layout, its options lettered with letter
+    /// codes.
+    Codes,
+    /// The System One wire's layout, a yes/no question asked in words and
+    /// read from `yes` and `no`.
+    YesNoWords,
+}
+
 impl Question {
+    /// How the question's options are named and read.
+    pub fn lettering(&self) -> Lettering {
+        match self.wire {
+            None => Lettering::Letters,
+            Some(WireAsk::Letters) => Lettering::Codes,
+            Some(WireAsk::YesNoWords) => Lettering::YesNoWords,
+        }
+    }
+
     /// A question of `text` over `options` in decisio's own layout: no id,
     /// no abstention, the route's temperature, no head, no letter bias. The
     /// `with_*` methods set the rest; every layer builds its questions
@@ -256,7 +281,7 @@ pub fn check_question(q: &Question, param: &str) -> Result<(), RouteError> {
         return Err(invalid(&format!("{param}.text"), "the question is empty"));
     }
     let n = q.options.len();
-    if q.wire.is_some() || q.head.is_some() {
+    if q.lettering() != Lettering::Letters || q.head.is_some() {
         // The wire's layer checked a wire question's options (2 to 255; two
         // may read alike, as the reference asks them); an intent task's
         // labels were checked at registration.
@@ -269,7 +294,7 @@ pub fn check_question(q: &Question, param: &str) -> Result<(), RouteError> {
             ),
         ));
     }
-    let options = if q.head.is_some() || q.wire.is_some() {
+    let options = if q.head.is_some() || q.lettering() != Lettering::Letters {
         &[][..]
     } else {
         &q.options[..]

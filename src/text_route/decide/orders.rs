@@ -15,9 +15,9 @@
 //! `cyclic_average` takes the arithmetic mean of the probabilities, which
 //! does not remove it exactly. See `docs/design/text-route.md`.
 
-use super::{Question, MAX_QUESTIONS};
+use super::{Lettering, Question, MAX_QUESTIONS};
 pub use crate::stats::rotation;
-use crate::text_route::systemone::{WireAsk, MAX_LABELS};
+use crate::text_route::systemone::MAX_LABELS;
 use crate::text_route::RouteError;
 
 /// The most orders a request may ask for: one per option of the longest
@@ -54,7 +54,7 @@ impl Plan {
         let orders: Vec<usize> = questions
             .iter()
             .map(|q| {
-                let lettered = q.head.is_none() && !matches!(q.wire, Some(WireAsk::YesNoWords));
+                let lettered = q.head.is_none() && q.lettering() != Lettering::YesNoWords;
                 if lettered {
                     k.min(q.options.len()).max(1)
                 } else {
@@ -116,6 +116,7 @@ pub fn averaged(values: &[Vec<f32>]) -> Vec<f32> {
 mod tests {
     use super::*;
     use crate::stats;
+    use crate::text_route::systemone::WireAsk;
 
     #[test]
     fn rotations_put_every_option_at_every_position_once() {

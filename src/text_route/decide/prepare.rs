@@ -4,11 +4,11 @@
 //! the context length.
 
 use super::{
-    check_question, invalid, packed_marker, render_packed, PadPolicy, Question, State, LETTERS,
-    PACKED_SEPARATOR,
+    check_question, invalid, packed_marker, render_packed, Lettering, PadPolicy, Question, State,
+    LETTERS, PACKED_SEPARATOR,
 };
 use crate::engine::{PackedPrompt, QuestionTokens, StateHash};
-use crate::text_route::systemone::{self, LabelVariants, Layout, WireAsk};
+use crate::text_route::systemone::{self, LabelVariants, Layout};
 use crate::text_route::{RouteError, TextRoute};
 
 impl TextRoute {
@@ -35,8 +35,8 @@ impl TextRoute {
     /// one letter (unused: the head reads the hidden state).
     pub(super) fn label_reads(&self, q: &Question) -> Result<Vec<Vec<u32>>, RouteError> {
         let summed = self.wire.format.variants == LabelVariants::Summed;
-        Ok(match &q.wire {
-            Some(WireAsk::YesNoWords) => self
+        Ok(match q.lettering() {
+            Lettering::YesNoWords => self
                 .yes_no_forms
                 .clone()
                 .ok_or_else(|| {
@@ -48,11 +48,11 @@ impl TextRoute {
                     )
                 })?
                 .to_vec(),
-            Some(WireAsk::Letters) if summed => {
+            Lettering::Codes if summed => {
                 let n = self.wire_codes(q.options.len())?.len();
                 self.wire_forms[..n].to_vec()
             }
-            None if q.head.is_some() => vec![vec![self.letter_codes[0].1]],
+            Lettering::Letters if q.head.is_some() => vec![vec![self.letter_codes[0].1]],
             _ => self.codes(q)?.iter().map(|(_, id)| vec![*id]).collect(),
         })
     }
@@ -76,7 +76,9 @@ impl TextRoute {
     /// The header of a System One request under the header layout (counted
     /// in `usage.input_tokens`), or `None`.
     pub fn wire_header(&self, questions: &[Question]) -> Option<String> {
-        let wire = questions.first().is_some_and(|q| q.wire.is_some());
+        let wire = questions
+            .first()
+            .is_some_and(|q| q.lettering() != Lettering::Letters);
         (wire && self.wire.format.layout == Layout::Header)
             .then(|| systemone::layout_header(questions.iter().map(|q| q.text.trim())))
     }
@@ -273,7 +275,7 @@ impl TextRoute {
         // (`systemone::split_ids`), from its first question; decisio's own
         // layout tokenizes the state's text alone.
         let (prefix, first) = match questions.first() {
-            Some(q) if q.wire.is_some() => {
+            Some(q) if q.lettering() != Lettering::Letters => {
                 let (prefix, own) =
                     systemone::split_ids(&self.tokenizer, &prefix_text, &suffixes[0])
                         .map_err(|m| invalid("questions", m))?;

@@ -5,7 +5,7 @@
 
 use serde_json::{Map, Value};
 
-use super::{invalid, Question, State, LETTERS};
+use super::{invalid, Lettering, Question, State, LETTERS};
 use crate::prompt::ChatTemplate;
 use crate::text_route::systemone::{self, AnswerSlot, PromptFormat, WireAsk};
 use crate::text_route::{RouteError, TextRoute};
@@ -212,10 +212,10 @@ impl TextRoute {
     /// the System One wire, none for a yes/no question asked in words (read
     /// from `yes` and `no`). Refused when the tokenizer has too few.
     pub fn codes(&self, q: &Question) -> Result<&[(String, u32)], RouteError> {
-        match &q.wire {
-            None => self.decide_codes(q.options.len()),
-            Some(WireAsk::Letters) => self.wire_codes(q.options.len()),
-            Some(WireAsk::YesNoWords) => Ok(&[]),
+        match q.lettering() {
+            Lettering::Letters => self.decide_codes(q.options.len()),
+            Lettering::Codes => self.wire_codes(q.options.len()),
+            Lettering::YesNoWords => Ok(&[]),
         }
     }
 
