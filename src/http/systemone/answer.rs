@@ -2,8 +2,9 @@
 
 use serde_json::{json, Map, Value};
 
+use crate::tasks::Abstained;
 use crate::text_route::systemone::{
-    choice_confidence, render_text, score_confidence, Asked, Criteria, WireQuestion,
+    choice_confidence, confidence_of, render_text, score_confidence, Asked, Criteria, WireQuestion,
 };
 use crate::text_route::Answer;
 
@@ -17,8 +18,15 @@ fn legend_value(level: &Value) -> Value {
 }
 
 /// The wire answer of one question from the route's answer (its
-/// probabilities over the asked options, in the order asked).
-pub fn wire_answer(q: &WireQuestion, asked: &Asked, answer: &Answer) -> Map<String, Value> {
+/// probabilities over the asked options, in the order asked). A choice
+/// answers its top option, or the option an abstention task chose, with
+/// TypeSafe's confidence of the option answered.
+pub fn wire_answer(
+    q: &WireQuestion,
+    asked: &Asked,
+    answer: &Answer,
+    abstention: Option<&Abstained>,
+) -> Map<String, Value> {
     let p = &answer.exact;
     let mut out = Map::new();
     out.insert("type".into(), json!(q.kind.as_str()));
@@ -28,8 +36,12 @@ pub fn wire_answer(q: &WireQuestion, asked: &Asked, answer: &Answer) -> Map<Stri
             out.insert("noul".into(), json!(p[yes]));
         }
         Criteria::Choice(_) => {
-            out.insert("choice".into(), json!(asked.keys[answer.top]));
-            out.insert("confidence".into(), json!(choice_confidence(p)));
+            let (chosen, confidence) = match abstention {
+                Some(a) => (a.chosen, confidence_of(p[a.chosen], p.len())),
+                None => (answer.top, choice_confidence(p)),
+            };
+            out.insert("choice".into(), json!(asked.keys[chosen]));
+            out.insert("confidence".into(), json!(confidence));
             let probs: Map<String, Value> = asked
                 .keys
                 .iter()

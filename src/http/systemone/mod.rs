@@ -37,7 +37,7 @@ pub use self::request::{parse_one, parse_request, parse_value};
 use super::error::ApiError;
 use super::AppState;
 use crate::prompt::python::CivilTime;
-use crate::text_route::systemone::{confidence_of, WireRequest};
+use crate::text_route::systemone::WireRequest;
 
 /// The model alias every System One client may send (the SDKs' default).
 pub const MODEL_ALIAS: &str = "jev-latest";
@@ -80,7 +80,7 @@ pub async fn respond(state: &AppState, request: &WireRequest) -> Result<Value, W
         .zip(&decided.decision.answers)
     {
         let a = &answered.asked;
-        let mut out = wire_answer(q, a, answer);
+        let mut out = wire_answer(q, a, answer, answered.abstention.as_ref());
         if let Some(name) = &answered.task {
             out.insert("x_task".into(), json!(name));
             if answered.abstains {
@@ -95,12 +95,6 @@ pub async fn respond(state: &AppState, request: &WireRequest) -> Result<Value, W
             out.extend(v.fields(state.reference_field_names));
         }
         if let Some(abstention) = &answered.abstention {
-            let (p, chosen) = (&answer.exact, abstention.chosen);
-            out.insert("choice".into(), json!(a.keys[chosen]));
-            out.insert(
-                "confidence".into(),
-                json!(confidence_of(p[chosen], p.len())),
-            );
             out.insert("x_abstained".into(), json!(abstention.abstained));
             out.insert("x_abstention_task".into(), json!(abstention.task));
         }

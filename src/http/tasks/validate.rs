@@ -93,8 +93,10 @@ pub(super) fn validate(
         ));
     }
     let mut examples = labelled(&req.examples, "examples", keys, field, wire.is_some())?;
-    every_label_has_an_example(&examples, keys, field, wire.is_some())?;
+    // The certification examples are checked before the labels' counts,
+    // so that a fault in them is named first.
     let supplied = supplied(req, &examples, keys, field, wire.is_some(), limits)?;
+    every_label_has_an_example(&examples, keys, field, wire.is_some())?;
     let holdout = holdout(req)?;
     let seed = seed(req)?;
     let abstention = abstention(req)?;
