@@ -50,6 +50,7 @@ fn quantized_logits_match_mlx_lm() {
 }
 
 fn compare(options: LoadOptions, max_prompts: usize, tolerance: f32) {
+    common::blas_as_served();
     let model = MlxModel::load_with(&common::model_dir(), options).expect("load the fixture");
     let reference = reference();
     let prompts = reference.keys().filter(|k| k.starts_with("ids_")).count();
@@ -95,6 +96,7 @@ fn compare(options: LoadOptions, max_prompts: usize, tolerance: f32) {
 #[test]
 fn the_profile_changes_no_bit_and_counts_every_class() {
     use decisio::engine::mlx::profile::{self, Class};
+    common::blas_as_served();
     let model = MlxModel::load(&common::model_dir()).expect("load the fixture");
     let state: Vec<u32> = (0..300).map(|i| 100 + (i * 7919) % 40000).collect();
     let suffix: Vec<u32> = (0..20).map(|i| 200 + (i * 104729) % 40000).collect();

@@ -17,6 +17,17 @@ fn cache_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/decisio"))
 }
 
+/// OpenBLAS's kernels as `decisio` chooses them at start
+/// (`decisio::engine::mlx::host::choose_blas_core`), for a test that runs
+/// MLX in its own process: chosen once, and every such test calls this
+/// before its first product, so none is running while OpenBLAS chooses.
+pub fn blas_as_served() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let _ = decisio::engine::mlx::host::choose_blas_core();
+    });
+}
+
 /// The converted SmolLM2 fixture (made by `make setup`).
 pub fn model_dir() -> PathBuf {
     let dir = std::env::var_os("DECISIO_MODEL")
