@@ -403,7 +403,13 @@ fn an_abstention_registration_runs_on_the_worker_and_resumes_after_a_kill() {
 
     // The same examples registered in one go (the reference's form,
     // answered once fitted) give the same fit.
-    let whole = s.post_json("/v1/abstention/tasks", &many("city-whole", 6));
+    // Its fit scores 72 examples before the answer: on a busy machine
+    // that is minutes, more than a plain request waits.
+    let whole = s.post_json_waiting(
+        "/v1/abstention/tasks",
+        &many("city-whole", 6),
+        std::time::Duration::from_secs(900),
+    );
     assert_eq!(whole.status, 200, "{}", whole.text());
     assert_eq!(whole.json()["config"], ready["config"]);
 
