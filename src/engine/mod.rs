@@ -320,6 +320,31 @@ pub enum EngineError {
 }
 
 impl EngineError {
+    /// The error passes with time (the queue full, the model loading or
+    /// out of memory, the servers not up): a client, or a worker, retries.
+    /// The HTTP layer answers these with 503.
+    pub fn passes(&self) -> bool {
+        matches!(
+            self,
+            EngineError::QueueFull(_)
+                | EngineError::Loading
+                | EngineError::LoadFailed(_)
+                | EngineError::Stopped
+                | EngineError::OutOfMemory(_)
+                | EngineError::UpstreamUnavailable(_)
+                | EngineError::Waiting(_)
+        )
+    }
+
+    /// The server's fault (or its upstream's), not the request's: the
+    /// errors that pass, the model's faults and the upstreams' failures.
+    pub fn servers_fault(&self) -> bool {
+        !matches!(
+            self,
+            EngineError::Unsupported(_) | EngineError::UpstreamRefused(_)
+        )
+    }
+
     /// An error of the model's computation: [`EngineError::OutOfMemory`]
     /// where it is an allocation failure, as MLX words them (`[malloc]
     /// Unable to allocate N bytes.` of its allocator, `[metal::malloc]` of

@@ -324,9 +324,15 @@ pub fn configure(cfg: &mut web::ServiceConfig) {
 /// Serves until the process is stopped.
 pub async fn serve(state: AppState, host: &str, port: u16) -> std::io::Result<()> {
     let state = web::Data::new(state);
-    // Abstention registrations answer their examples as served, so their
-    // worker runs here, beside the handlers.
-    actix_web::rt::spawn(systemone::abstention::work(state.clone()));
+    // The abstention registrations' worker answers its examples on the
+    // server's runtime, beside the handlers; System One's request rules,
+    // which read its examples, are the HTTP layer's to give.
+    actix_web::rt::spawn(
+        state
+            .tasks
+            .clone()
+            .work_abstention(systemone::abstention::read_example),
+    );
     let server = HttpServer::new(move || {
         App::new()
             .app_data(state.clone())

@@ -38,6 +38,7 @@
 
 pub mod abstention;
 pub mod abstention_job;
+pub mod abstention_worker;
 pub mod certificate;
 mod decide;
 mod exchange;

@@ -54,6 +54,17 @@ pub enum RouteError {
 }
 
 impl RouteError {
+    /// The error passes with time ([`EngineError::passes`]).
+    pub fn passes(&self) -> bool {
+        matches!(self, RouteError::Engine(e) if e.passes())
+    }
+
+    /// The server's fault rather than the request's
+    /// ([`EngineError::servers_fault`]).
+    pub fn servers_fault(&self) -> bool {
+        matches!(self, RouteError::Engine(e) if e.servers_fault())
+    }
+
     pub fn invalid(param: &str, message: impl Into<String>) -> Self {
         RouteError::Invalid {
             message: message.into(),

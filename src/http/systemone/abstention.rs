@@ -8,7 +8,7 @@
 //!   (or the declared key) for an example that cannot be answered. The
 //!   threshold is fitted ([`crate::stats::abstain`]) and the task stored.
 //!   The examples are checked in the handler, then answered by a worker
-//!   ([`work`]) one at a time, as serving answers them but unobserved (no
+//!   ([`crate::tasks::abstention_worker`]) one at a time, as serving answers them but unobserved (no
 //!   serving metric, prefix-cache entry or traffic monitor moves), the
 //!   registration kept in the state folder (`crate::tasks::abstention_job`)
 //!   and resumed after a kill. Answered with the task once fitted, as the
@@ -30,22 +30,21 @@
 //! extension) is refused: decisio serves declared options only. Errors are
 //! in decisio's shape, as on `/v1/tasks`.
 
-use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
+use actix_web::{web, HttpRequest, HttpResponse};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::parse_value;
 use crate::http::body::{parse, read_bytes};
 use crate::http::error::ApiError;
 use crate::http::fields::task_name;
 use crate::http::{unix_now, AppState};
-use crate::stats::abstain::{self, Scored};
 use crate::tasks::abstention::{AbstainOption, AbstentionTask, Match};
 use crate::tasks::abstention_job::{AbstentionJob, JobExample, JobStatus};
 use crate::tasks::FORMAT_VERSION;
-use crate::text_route::systemone::{option_keys, option_set, Criteria};
+use crate::text_route::systemone::{option_keys, option_set, Criteria, WireRequest};
 
 type Result<T> = std::result::Result<T, ApiError>;
 
@@ -208,7 +207,7 @@ fn check(body: &AbstentionRequest, state: &AppState) -> Result<(String, Vec<Chec
 const POLL: Duration = Duration::from_millis(100);
 
 /// `POST /v1/abstention/tasks`: the examples checked, then queued for the
-/// worker ([`work`]), which answers them as served and fits the threshold.
+/// worker ([`crate::tasks::abstention_worker`]), which answers them as served and fits the threshold.
 /// With `Prefer: respond-async` (RFC 7240), answered at once: `202` with
 /// the registration's status and its `Location`. Otherwise answered as the
 /// reference answers, with the task once fitted; a client that leaves
@@ -357,113 +356,12 @@ pub async fn status(id: web::Path<String>, state: web::Data<AppState>) -> Result
     }
 }
 
-/// The registration worker: one registration at a time, oldest first,
-/// each example answered as `/v1/systemone` serves it (so decisions queued
-/// meanwhile wait for at most one example), its scoring appended to the
-/// state folder, then the fit. Runs for the server's life.
-pub async fn work(state: web::Data<AppState>) {
-    loop {
-        match state.tasks.next_abstention_job() {
-            Ok(Some((job, scored))) => run(&state, job, scored).await,
-            Ok(None) => {
-                let woken = state.tasks.abstention_wake.notified();
-                let _ = actix_web::rt::time::timeout(Duration::from_secs(1), woken).await;
-            }
-            Err(e) => {
-                tracing::error!("abstention registrations cannot be read: {e}");
-                actix_web::rt::time::sleep(Duration::from_secs(5)).await;
-            }
-        }
-    }
-}
-
-/// Scores a registration's examples from where it stands, then fits it.
-async fn run(state: &AppState, job: AbstentionJob, mut scored: Vec<Scored>) {
-    let tasks = state.tasks.clone();
-    let id = job.id.clone();
-    let outcome = match score_all(state, &job, &mut scored).await {
-        Ok(false) => return,
-        Ok(true) => web::block(move || tasks.finish_abstention_job(&id, &scored))
-            .await
-            .map_err(|e| (e.to_string(), true))
-            .and_then(|r| r.map(|_| ()).map_err(|e| (e.to_string(), true))),
-        Err(e) => Err(e),
-    };
-    if let Err((message, server_fault)) = outcome {
-        let _ = state
-            .tasks
-            .fail_abstention_job(&job.id, message, server_fault);
-    }
-}
-
-/// Scores every example not scored yet; `false` when the registration was
-/// deleted meanwhile. An error says what failed and whether it is the
-/// server's fault; an engine that is busy or loading is waited for.
-async fn score_all(
-    state: &AppState,
-    job: &AbstentionJob,
-    scored: &mut Vec<Scored>,
-) -> std::result::Result<bool, (String, bool)> {
-    let server = |e: String| (e, true);
-    let examples = state.tasks.abstention_examples(&job.id).map_err(server)?;
-    let mut synced = Instant::now();
-    for (i, example) in examples.enumerate().skip(scored.len()) {
-        let example = example.map_err(server)?;
-        let s = loop {
-            match score_one(state, &job.option.key, &example).await {
-                Ok(s) => break s,
-                Err(e) if e.status_code().as_u16() == 503 => {
-                    if state.tasks.abstention_job(&job.id).is_none() {
-                        return Ok(false);
-                    }
-                    actix_web::rt::time::sleep(Duration::from_millis(200)).await;
-                }
-                Err(e) => {
-                    let fault = e.status_code().is_server_error();
-                    return Err((format!("examples[{i}].request: {e}"), fault));
-                }
-            }
-        };
-        let sync = synced.elapsed() >= Duration::from_secs(1) || i + 1 == job.total;
-        if sync {
-            synced = Instant::now();
-        }
-        if !state
-            .tasks
-            .record_scored(&job.id, &s, sync)
-            .map_err(server)?
-        {
-            return Ok(false);
-        }
-        scored.push(s);
-    }
-    Ok(true)
-}
-
-/// One example answered as served, and scored against its gold key.
-async fn score_one(state: &AppState, key: &str, example: &JobExample) -> Result<Scored> {
-    let request = parse_value(example.request.clone()).map_err(|d| {
-        ApiError::invalid(
-            "request",
-            d.first().map_or("invalid".into(), |d| d.msg.clone()),
-        )
-    })?;
-    // Asked as serving asks it, but unobserved: no serving metric, prefix
-    // cache or certified task's traffic monitor sees a registration.
-    let (asked, answers) = state.tasks.systemone_unobserved(&request).await?;
-    let (keys, p) = (&asked[0].keys, &answers[0].exact);
-    let at = keys.iter().position(|k| k == key).unwrap_or(0);
-    let gold = example
-        .gold
-        .as_ref()
-        .and_then(|g| keys.iter().position(|k| k == g));
-    let (plain_abstains, best) = abstain::decide(p, at, None);
-    Ok(Scored::new(
-        p[at],
-        gold.is_none(),
-        gold == Some(best),
-        plain_abstains,
-    ))
+/// Reads a stored example's `request` as `/v1/systemone` reads a body:
+/// the function the registration worker
+/// ([`TaskRegistry::work_abstention`](crate::tasks::TaskRegistry::work_abstention))
+/// is given.
+pub fn read_example(request: Value) -> std::result::Result<WireRequest, String> {
+    parse_value(request).map_err(|d| d.first().map_or("invalid".into(), |d| d.msg.clone()))
 }
 
 /// `GET /v1/abstention/tasks`.
