@@ -477,30 +477,7 @@ fn download(
         .with_progress(settings.progress)
         .build()
         .map_err(|e| cached.other("starting the hub client", e))?;
-    let fail = |e: ApiError, what: &str| -> HubError {
-        match e {
-            ApiError::RequestError(err) => match *err {
-                ureq::Error::StatusCode(status @ (401 | 403 | 404)) => HubError::NoAccess {
-                    repo: cached.id.clone(),
-                    revision: cached.revision.clone(),
-                    endpoint: settings.endpoint.clone(),
-                    status,
-                },
-                ureq::Error::StatusCode(status) => {
-                    cached.other(what, format!("the hub answered {status}"))
-                }
-                other => HubError::Unreachable(Box::new(Unreachable {
-                    repo: cached.id.clone(),
-                    revision: cached.revision.clone(),
-                    missing: missing.clone(),
-                    cache: settings.cache.clone(),
-                    endpoint: settings.endpoint.clone(),
-                    reason: other.to_string(),
-                })),
-            },
-            other => cached.other(what, other),
-        }
-    };
+    let fail = |e: ApiError, what: &str| hub_error(e, what, settings, cached, &missing);
     let info = api
         .repo(Repo::with_revision(
             cached.id.clone(),
@@ -541,6 +518,78 @@ fn download(
             .map(|_| ())
             .map_err(|e| fail(e, &format!("downloading {file}")))
     };
+    let wanted = wanted_files(cached, files, &listed, || {
+        fetch(WEIGHTS_INDEX)?;
+        shards_of(&snapshot.join(WEIGHTS_INDEX))
+            .map_err(|e| cached.other(format!("reading {WEIGHTS_INDEX}"), e))
+    })?;
+    for file in wanted.iter().filter(|f| listed.contains(f.as_str())) {
+        fetch(file)?;
+    }
+    // hf-hub records the pinned commit as a ref of its own name; the hub's
+    // layout keeps refs for branches and tags only.
+    if !had_commit_ref && !is_commit(&cached.revision) {
+        let _ = std::fs::remove_file(cached.folder.join("refs").join(&commit));
+    }
+    if !is_commit(&cached.revision) {
+        let ref_path = cached.folder.join("refs").join(&cached.revision);
+        std::fs::create_dir_all(ref_path.parent().unwrap_or(&cached.folder))
+            .and_then(|_| std::fs::write(&ref_path, &commit))
+            .map_err(|e| cached.other(format!("writing {}", ref_path.display()), e))?;
+    }
+    let still = missing_files(&snapshot, files);
+    if !still.is_empty() {
+        return Err(cached.other(
+            "after downloading",
+            format!("{} still missing from {}", list(&still), snapshot.display()),
+        ));
+    }
+    Ok(snapshot)
+}
+
+/// A hub client's error as decisio words it: no access (401, 403, 404),
+/// another status, or an unreachable hub (with what the snapshot lacks).
+fn hub_error(
+    e: ApiError,
+    what: &str,
+    settings: &HubSettings,
+    cached: &CachedRepo,
+    missing: &[String],
+) -> HubError {
+    match e {
+        ApiError::RequestError(err) => match *err {
+            ureq::Error::StatusCode(status @ (401 | 403 | 404)) => HubError::NoAccess {
+                repo: cached.id.clone(),
+                revision: cached.revision.clone(),
+                endpoint: settings.endpoint.clone(),
+                status,
+            },
+            ureq::Error::StatusCode(status) => {
+                cached.other(what, format!("the hub answered {status}"))
+            }
+            other => HubError::Unreachable(Box::new(Unreachable {
+                repo: cached.id.clone(),
+                revision: cached.revision.clone(),
+                missing: missing.to_vec(),
+                cache: settings.cache.clone(),
+                endpoint: settings.endpoint.clone(),
+                reason: other.to_string(),
+            })),
+        },
+        other => cached.other(what, other),
+    }
+}
+
+/// The files to download for `files` from those the revision lists; the
+/// weights' shards are read from their index (`shards`, which downloads
+/// it). A file the product needs and the revision lacks is an error that
+/// says what to pass instead.
+fn wanted_files(
+    cached: &CachedRepo,
+    files: Wanted,
+    listed: &BTreeSet<&str>,
+    shards: impl FnOnce() -> Result<Vec<String>, HubError>,
+) -> Result<Vec<String>, HubError> {
     let incomplete = |file: &str, hint: &'static str| HubError::Incomplete {
         repo: cached.id.clone(),
         revision: cached.revision.clone(),
@@ -557,10 +606,7 @@ fn download(
         }
         wanted.push("config.json".into());
         if listed.contains(WEIGHTS_INDEX) {
-            fetch(WEIGHTS_INDEX)?;
-            let shards = shards_of(&snapshot.join(WEIGHTS_INDEX))
-                .map_err(|e| cached.other(format!("reading {WEIGHTS_INDEX}"), e))?;
-            wanted.extend(shards);
+            wanted.extend(shards()?);
         } else if listed.contains(WEIGHTS) {
             wanted.push(WEIGHTS.into());
         } else {
@@ -593,28 +639,7 @@ fn download(
     if files != Wanted::Config {
         wanted.extend(OPTIONAL_TOKENIZER_FILES.iter().map(|f| f.to_string()));
     }
-    for file in wanted.iter().filter(|f| listed.contains(f.as_str())) {
-        fetch(file)?;
-    }
-    // hf-hub records the pinned commit as a ref of its own name; the hub's
-    // layout keeps refs for branches and tags only.
-    if !had_commit_ref && !is_commit(&cached.revision) {
-        let _ = std::fs::remove_file(cached.folder.join("refs").join(&commit));
-    }
-    if !is_commit(&cached.revision) {
-        let ref_path = cached.folder.join("refs").join(&cached.revision);
-        std::fs::create_dir_all(ref_path.parent().unwrap_or(&cached.folder))
-            .and_then(|_| std::fs::write(&ref_path, &commit))
-            .map_err(|e| cached.other(format!("writing {}", ref_path.display()), e))?;
-    }
-    let still = missing_files(&snapshot, files);
-    if !still.is_empty() {
-        return Err(cached.other(
-            "after downloading",
-            format!("{} still missing from {}", list(&still), snapshot.display()),
-        ));
-    }
-    Ok(snapshot)
+    Ok(wanted)
 }
 
 #[cfg(test)]

@@ -136,6 +136,63 @@ fn shape_i64(a: &Array) -> Vec<i64> {
     a.shape().iter().map(|&d| i64::from(d)).collect()
 }
 
+/// The shape a module's weight must have: an error for a module the
+/// architecture does not have (or a layer past its count), or when the
+/// file's shape differs.
+fn expected_of(
+    info: &TensorInfo,
+    module: &str,
+    params: &LlamaParams,
+) -> Result<Vec<i64>, ConvertError> {
+    let unexpected = || ConvertError::UnexpectedTensor {
+        tensor: info.name.clone(),
+    };
+    if let Some(layer) = module
+        .strip_prefix("blk.")
+        .and_then(|r| r.split_once('.'))
+        .and_then(|(n, _)| n.parse::<u32>().ok())
+    {
+        if layer >= params.num_hidden_layers {
+            return Err(unexpected());
+        }
+    }
+    let expected = expected_shape(module, params).ok_or_else(unexpected)?;
+    let logical = logical_shape(info);
+    if logical != expected {
+        return Err(ConvertError::Shape {
+            tensor: info.name.clone(),
+            expected,
+            found: logical,
+        });
+    }
+    Ok(expected)
+}
+
+/// GGUF stores the rows of the query and key projections permuted for its
+/// rotary embedding; puts them back in the checkpoint's order.
+fn unpermute_q_k(
+    module: &str,
+    params: &LlamaParams,
+    parts: &mut [(&str, Array)],
+) -> Result<(), ConvertError> {
+    let heads = match module.rsplit_once('.').map(|(_, part)| part) {
+        Some("attn_q") => Some(params.num_attention_heads),
+        Some("attn_k") => Some(params.num_key_value_heads),
+        _ => None,
+    };
+    if let Some(heads) = heads {
+        let rows = unpermute_rows(heads as usize, params.head_dim as usize);
+        let rows: Vec<i32> = rows.into_iter().map(|r| r as i32).collect();
+        let index = Array::from_slice(&rows, &[rows.len() as i32]);
+        for (_, array) in parts.iter_mut() {
+            *array = array
+                .take_axis(&index, 0)
+                .map_err(mlx_error("reordering q/k rows"))?;
+        }
+    }
+    Ok(())
+}
+
 /// Renames, checks and un-permutes every tensor of `file`.
 pub(crate) fn convert(
     file: &GgufFile,
@@ -157,24 +214,7 @@ pub(crate) fn convert(
         };
         let module = info.name.strip_suffix(".weight").ok_or_else(unexpected)?;
         let hf = hf_module(module).ok_or_else(unexpected)?;
-        if let Some(layer) = module
-            .strip_prefix("blk.")
-            .and_then(|r| r.split_once('.'))
-            .and_then(|(n, _)| n.parse::<u32>().ok())
-        {
-            if layer >= params.num_hidden_layers {
-                return Err(unexpected());
-            }
-        }
-        let expected = expected_shape(module, params).ok_or_else(unexpected)?;
-        let logical = logical_shape(info);
-        if logical != expected {
-            return Err(ConvertError::Shape {
-                tensor: info.name.clone(),
-                expected,
-                found: logical,
-            });
-        }
+        let expected = expected_of(info, module, params)?;
 
         let get = |suffix: &str| -> Result<Array, ConvertError> {
             let key = format!("{module}.{suffix}");
@@ -203,21 +243,7 @@ pub(crate) fn convert(
             }
         }
 
-        let heads = match module.rsplit_once('.').map(|(_, part)| part) {
-            Some("attn_q") => Some(params.num_attention_heads),
-            Some("attn_k") => Some(params.num_key_value_heads),
-            _ => None,
-        };
-        if let Some(heads) = heads {
-            let rows = unpermute_rows(heads as usize, params.head_dim as usize);
-            let rows: Vec<i32> = rows.into_iter().map(|r| r as i32).collect();
-            let index = Array::from_slice(&rows, &[rows.len() as i32]);
-            for (_, array) in parts.iter_mut() {
-                *array = array
-                    .take_axis(&index, 0)
-                    .map_err(mlx_error("reordering q/k rows"))?;
-            }
-        }
+        unpermute_q_k(module, params, &mut parts)?;
 
         if let Some(q) = quantized.get(&hf).copied() {
             parts = requantize(parts, q, weights)?;

@@ -125,6 +125,58 @@ fn token_for(
     .transpose()
 }
 
+/// The BPE merges, each two tokens separated by one space.
+fn merges(meta: &Meta) -> Result<Vec<(String, String)>, ConvertError> {
+    meta.strings("tokenizer.ggml.merges")?
+        .ok_or_else(|| missing("tokenizer.ggml.merges"))?
+        .into_iter()
+        .map(|merge| match merge.split_once(' ') {
+            Some((a, b)) if !a.is_empty() && !b.is_empty() && !b.contains(' ') => {
+                Ok((a.to_owned(), b.to_owned()))
+            }
+            _ => Err(bad(
+                "tokenizer.ggml.merges",
+                format!("{merge:?} is not two tokens separated by one space"),
+            )),
+        })
+        .collect::<Result<Vec<_>, _>>()
+}
+
+/// `added_tokens_decoder` of `tokenizer_config.json`: each added token by
+/// its id, as the Hugging Face tokenizers write it.
+fn added_tokens_decoder(added: &BTreeMap<u32, AddedToken>) -> Map<String, Value> {
+    let mut decoder = Map::new();
+    for (id, token) in added {
+        decoder.insert(
+            id.to_string(),
+            json!({
+                "content": token.content,
+                "lstrip": token.lstrip,
+                "normalized": token.normalized,
+                "rstrip": token.rstrip,
+                "single_word": token.single_word,
+                "special": token.special,
+            }),
+        );
+    }
+    decoder
+}
+
+/// The tokens GGUF marks as control (special) or user-defined (plain),
+/// by id: what the tokenizer adds to its vocabulary.
+fn added_tokens(tokens: &[String], token_types: &[i32]) -> BTreeMap<u32, AddedToken> {
+    let mut added: BTreeMap<u32, AddedToken> = BTreeMap::new();
+    for (id, (token, kind)) in tokens.iter().zip(token_types).enumerate() {
+        let special = match *kind {
+            TOKEN_TYPE_CONTROL => true,
+            TOKEN_TYPE_USER_DEFINED => false,
+            _ => continue,
+        };
+        added.insert(id as u32, AddedToken::from(token.clone(), special));
+    }
+    added
+}
+
 /// Rebuilds the tokenizer. `model_max_length` is the context length and
 /// `vocab_size` the number of embedding rows (which may exceed the number of
 /// tokens, never fall short of it).
@@ -165,20 +217,7 @@ pub(crate) fn build(
             format!("{} types for {} tokens", token_types.len(), tokens.len()),
         ));
     }
-    let merges = meta
-        .strings("tokenizer.ggml.merges")?
-        .ok_or_else(|| missing("tokenizer.ggml.merges"))?
-        .into_iter()
-        .map(|merge| match merge.split_once(' ') {
-            Some((a, b)) if !a.is_empty() && !b.is_empty() && !b.contains(' ') => {
-                Ok((a.to_owned(), b.to_owned()))
-            }
-            _ => Err(bad(
-                "tokenizer.ggml.merges",
-                format!("{merge:?} is not two tokens separated by one space"),
-            )),
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    let merges = merges(meta)?;
 
     let id_of = |key: &str| meta.u32(key);
     let bos_token_id = id_of("tokenizer.ggml.bos_token_id")?;
@@ -226,34 +265,13 @@ pub(crate) fn build(
         .with_decoder(Some(ByteLevelDecoder::default()))
         .with_post_processor(Some(post));
 
-    let mut added: BTreeMap<u32, AddedToken> = BTreeMap::new();
-    for (id, (token, kind)) in tokens.iter().zip(&token_types).enumerate() {
-        let special = match *kind {
-            TOKEN_TYPE_CONTROL => true,
-            TOKEN_TYPE_USER_DEFINED => false,
-            _ => continue,
-        };
-        added.insert(id as u32, AddedToken::from(token.clone(), special));
-    }
+    let added = added_tokens(&tokens, &token_types);
     let (specials, plain): (Vec<AddedToken>, Vec<AddedToken>) =
         added.values().cloned().partition(|t| t.special);
     tokenizer.add_special_tokens(&specials);
     tokenizer.add_tokens(&plain);
 
-    let mut decoder = Map::new();
-    for (id, token) in &added {
-        decoder.insert(
-            id.to_string(),
-            json!({
-                "content": token.content,
-                "lstrip": token.lstrip,
-                "normalized": token.normalized,
-                "rstrip": token.rstrip,
-                "single_word": token.single_word,
-                "special": token.special,
-            }),
-        );
-    }
+    let decoder = added_tokens_decoder(&added);
     let mut config = json!({
         "add_bos_token": add_bos_token,
         "add_eos_token": add_eos_token,

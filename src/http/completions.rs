@@ -16,6 +16,7 @@ use super::sampling::{max_tokens, sampling_fields, StopSpec, StreamOptions};
 use super::stream::{collect, event_stream, sse, Usage};
 use super::{new_id, unix_now, AppState};
 use crate::settings::Limits;
+use crate::text_route::GenerationStream;
 use crate::text_route::{GenerationParams, Output, TokenChoice, TokenOutput};
 
 type Result<T> = std::result::Result<T, ApiError>;
@@ -318,24 +319,10 @@ pub async fn completions(
     }
     let (prompt_text, prompt) = prompts.remove(0);
     let generation = route.generate(prompt, job.params)?;
-    let id = new_id("cmpl");
-    let created = unix_now();
-    let model = state.model_name.clone();
-    let response = move |text: String,
-                         logprobs: Option<CompletionLogprobs>,
-                         finish: Option<&'static str>,
-                         usage: Option<Usage>| Completion {
-        id: id.clone(),
-        object: "text_completion",
-        created,
-        model: model.clone(),
-        choices: vec![CompletionChoice {
-            index: 0,
-            text,
-            logprobs,
-            finish_reason: finish,
-        }],
-        usage,
+    let shape = Shape {
+        id: new_id("cmpl"),
+        created: unix_now(),
+        model: state.model_name.clone(),
     };
 
     // With echo, the prompt comes first: its text, and its tokens' log-probabilities.
@@ -348,79 +335,124 @@ pub async fn completions(
         })
         .await?;
         let logprobs = want_logprobs.then(|| builder.take());
-        return Ok(HttpResponse::Ok().json(response(
+        return Ok(HttpResponse::Ok().json(shape.completion(
             echoed + &done.text,
             logprobs,
             Some(done.finish_reason),
             Some(done.usage),
         )));
     }
-
-    let include_usage = job.include_usage;
-    let mut echo_pending = echo;
-    Ok(event_stream(
+    Ok(streamed(
         generation,
+        shape,
         (builder, echoed),
-        move |(builder, echoed), output| {
-            let mut out = Vec::new();
-            match output {
-                Output::Prompt(tokens) => {
-                    tokens.iter().for_each(|t| builder.push(t));
+        want_logprobs,
+        job.include_usage,
+    ))
+}
+
+/// What every chunk of one completion repeats.
+struct Shape {
+    id: String,
+    created: u64,
+    model: String,
+}
+
+impl Shape {
+    /// The completion (or a chunk of it) of one choice.
+    fn completion(
+        &self,
+        text: String,
+        logprobs: Option<CompletionLogprobs>,
+        finish: Option<&'static str>,
+        usage: Option<Usage>,
+    ) -> Completion {
+        Completion {
+            id: self.id.clone(),
+            object: "text_completion",
+            created: self.created,
+            model: self.model.clone(),
+            choices: vec![CompletionChoice {
+                index: 0,
+                text,
+                logprobs,
+                finish_reason: finish,
+            }],
+            usage,
+        }
+    }
+}
+
+/// A completion streamed as server-sent events: the echoed prompt (with
+/// `echo`) before the first text, each chunk's log-probabilities with it,
+/// the finish reason last and, when asked, a chunk of usage alone.
+fn streamed(
+    generation: GenerationStream,
+    shape: Shape,
+    echo: (CompletionLogprobBuilder, String),
+    want_logprobs: bool,
+    include_usage: bool,
+) -> HttpResponse {
+    let mut echo_pending = !echo.1.is_empty();
+    event_stream(generation, echo, move |(builder, echoed), output| {
+        let mut out = Vec::new();
+        match output {
+            Output::Prompt(tokens) => {
+                tokens.iter().for_each(|t| builder.push(t));
+            }
+            // Tokens without text (the stop token that ended the
+            // generation) ride on the next chunk, the last: vLLM sends
+            // its stop token with the finish reason.
+            Output::Delta { text, tokens } if text.is_empty() => {
+                tokens.iter().for_each(|t| builder.push(t));
+            }
+            Output::Delta { text, tokens } => {
+                let mut text = text;
+                if echo_pending {
+                    echo_pending = false;
+                    text = std::mem::take(echoed) + &text;
                 }
-                // Tokens without text (the stop token that ended the
-                // generation) ride on the next chunk, the last: vLLM sends
-                // its stop token with the finish reason.
-                Output::Delta { text, tokens } if text.is_empty() => {
-                    tokens.iter().for_each(|t| builder.push(t));
-                }
-                Output::Delta { text, tokens } => {
-                    let mut text = text;
-                    if echo_pending {
-                        echo_pending = false;
-                        text = std::mem::take(echoed) + &text;
-                    }
-                    tokens.iter().for_each(|t| builder.push(t));
-                    out.push(sse(&response(
-                        text,
-                        want_logprobs.then(|| builder.take()),
+                tokens.iter().for_each(|t| builder.push(t));
+                out.push(sse(&shape.completion(
+                    text,
+                    want_logprobs.then(|| builder.take()),
+                    None,
+                    None,
+                )));
+            }
+            Output::Done {
+                finish_reason,
+                prompt_tokens,
+                completion_tokens,
+            } => {
+                let text = if echo_pending {
+                    echo_pending = false;
+                    std::mem::take(echoed)
+                } else {
+                    String::new()
+                };
+                let logprobs =
+                    (want_logprobs && !builder.lp.tokens.is_empty()).then(|| builder.take());
+                out.push(sse(&shape.completion(
+                    text,
+                    logprobs,
+                    Some(finish_reason.as_str()),
+                    None,
+                )));
+                if include_usage {
+                    let mut last = shape.completion(
+                        String::new(),
                         None,
                         None,
-                    )));
-                }
-                Output::Done {
-                    finish_reason,
-                    prompt_tokens,
-                    completion_tokens,
-                } => {
-                    let text = if echo_pending {
-                        echo_pending = false;
-                        std::mem::take(echoed)
-                    } else {
-                        String::new()
-                    };
-                    let logprobs =
-                        (want_logprobs && !builder.lp.tokens.is_empty()).then(|| builder.take());
-                    out.push(sse(&response(
-                        text,
-                        logprobs,
-                        Some(finish_reason.as_str()),
-                        None,
-                    )));
-                    if include_usage {
-                        let mut last = response(
-                            String::new(),
-                            None,
-                            None,
-                            Some(Usage::new(prompt_tokens, completion_tokens)),
-                        );
-                        last.choices.clear();
-                        out.push(sse(&last));
-                    }
+                        Some(Usage::new(prompt_tokens, completion_tokens)),
+                    );
+                    last.choices.clear();
+                    out.push(sse(&last));
                 }
             }
-            out
-        },
-    ))
+        }
+        out
+    })
 }
 
 /// A prompt's text (for `echo`) and token ids.

@@ -457,69 +457,14 @@ pub fn run(args: ServeArgs) -> Result<()> {
                 answers_per_state: limits.answers_per_state,
             },
         )?),
-        Backend::Vllm => {
-            let u = &args.upstream;
-            let config = read_config(&model_dir);
-            let get = |k: &str| model_config::get_usize(&config, k);
-            let letter_ids = TextRoute::letter_ids(&tokenizer).map_err(anyhow::Error::msg)?;
-            Arc::new(
-                VllmEngine::start(VllmOptions {
-                    upstreams: u.upstreams.clone(),
-                    api_key: u.upstream_api_key.clone(),
-                    model: u.upstream_model.clone(),
-                    method: match u.letter_method {
-                        MethodArg::Auto => MethodChoice::Auto,
-                        MethodArg::TokenIds => MethodChoice::TokenIds,
-                        MethodArg::AllowedTokens => MethodChoice::AllowedTokens,
-                        MethodArg::TopK => MethodChoice::TopK,
-                    },
-                    pad_block: match padding {
-                        PadPolicy::Block(n) => Some(n),
-                        PadPolicy::None => None,
-                    },
-                    mode: match u.multi_question {
-                        ModeArg::Warm => MultiQuestion::Warm,
-                        ModeArg::Sequential => MultiQuestion::Sequential,
-                    },
-                    letter_ids,
-                    vocab_size: get("vocab_size").unwrap_or_else(|| tokenizer.vocab_size()),
-                    context_length: get("max_position_embeddings").unwrap_or(4096),
-                    architecture: config
-                        .get("model_type")
-                        .and_then(|v| v.as_str())
-                        .unwrap_or("unknown")
-                        .to_string(),
-                    max_queue: limits.max_queue,
-                    limits: UpstreamLimits {
-                        connect_timeout_s: u.upstream_connect_timeout,
-                        request_timeout_s: u.upstream_timeout,
-                        generate_timeout_s: u.upstream_generate_timeout,
-                        probe_timeout_s: u.upstream_probe_timeout,
-                        wait_s: u.upstream_wait,
-                        health_interval_s: u.health_interval,
-                        eject_after: u.eject_after,
-                        readmit_after: u.readmit_after,
-                        retries: u.upstream_retries,
-                        backoff_ms: u.upstream_backoff_ms,
-                        fan_out: u.fan_out,
-                        batch_tokens: u.upstream_batch_tokens,
-                        batch_prompts: u.upstream_batch_prompts,
-                        fair_seconds: u.fair_seconds,
-                        fair_tokens: u.fair_tokens,
-                        ..UpstreamLimits::default()
-                    },
-                    metrics: metrics.clone(),
-                    head_upstream: u.head_upstream.clone(),
-                    hidden_size: get("hidden_size").or_else(|| {
-                        config
-                            .pointer("/text_config/hidden_size")
-                            .and_then(|v| v.as_u64())
-                            .map(|v| v as usize)
-                    }),
-                })
-                .map_err(anyhow::Error::msg)?,
-            )
-        }
+        Backend::Vllm => vllm_engine(
+            &args,
+            &model_dir,
+            &tokenizer,
+            padding,
+            &limits,
+            metrics.clone(),
+        )?,
     };
     let stops = stop_token_ids(&model_dir, &tokenizer, &template);
     let wire = wire_settings(base, &args);
@@ -569,6 +514,79 @@ pub fn run(args: ServeArgs) -> Result<()> {
     exit_if_load_fails(state.route.clone(), failed);
     actix_web::rt::System::new().block_on(http::serve(state, &args.host, args.port))?;
     Ok(())
+}
+
+/// The vLLM backend of `decisio serve`: the upstreams and their limits
+/// from the command line, the model's sizes from its `config.json`.
+fn vllm_engine(
+    args: &ServeArgs,
+    model_dir: &Path,
+    tokenizer: &TextTokenizer,
+    padding: PadPolicy,
+    limits: &Limits,
+    metrics: Arc<Metrics>,
+) -> Result<Arc<dyn Engine>> {
+    let u = &args.upstream;
+    let config = read_config(model_dir);
+    let get = |k: &str| model_config::get_usize(&config, k);
+    let letter_ids = TextRoute::letter_ids(tokenizer).map_err(anyhow::Error::msg)?;
+    Ok(Arc::new(
+        VllmEngine::start(VllmOptions {
+            upstreams: u.upstreams.clone(),
+            api_key: u.upstream_api_key.clone(),
+            model: u.upstream_model.clone(),
+            method: match u.letter_method {
+                MethodArg::Auto => MethodChoice::Auto,
+                MethodArg::TokenIds => MethodChoice::TokenIds,
+                MethodArg::AllowedTokens => MethodChoice::AllowedTokens,
+                MethodArg::TopK => MethodChoice::TopK,
+            },
+            pad_block: match padding {
+                PadPolicy::Block(n) => Some(n),
+                PadPolicy::None => None,
+            },
+            mode: match u.multi_question {
+                ModeArg::Warm => MultiQuestion::Warm,
+                ModeArg::Sequential => MultiQuestion::Sequential,
+            },
+            letter_ids,
+            vocab_size: get("vocab_size").unwrap_or_else(|| tokenizer.vocab_size()),
+            context_length: get("max_position_embeddings").unwrap_or(4096),
+            architecture: config
+                .get("model_type")
+                .and_then(|v| v.as_str())
+                .unwrap_or("unknown")
+                .to_string(),
+            max_queue: limits.max_queue,
+            limits: UpstreamLimits {
+                connect_timeout_s: u.upstream_connect_timeout,
+                request_timeout_s: u.upstream_timeout,
+                generate_timeout_s: u.upstream_generate_timeout,
+                probe_timeout_s: u.upstream_probe_timeout,
+                wait_s: u.upstream_wait,
+                health_interval_s: u.health_interval,
+                eject_after: u.eject_after,
+                readmit_after: u.readmit_after,
+                retries: u.upstream_retries,
+                backoff_ms: u.upstream_backoff_ms,
+                fan_out: u.fan_out,
+                batch_tokens: u.upstream_batch_tokens,
+                batch_prompts: u.upstream_batch_prompts,
+                fair_seconds: u.fair_seconds,
+                fair_tokens: u.fair_tokens,
+                ..UpstreamLimits::default()
+            },
+            metrics: metrics.clone(),
+            head_upstream: u.head_upstream.clone(),
+            hidden_size: get("hidden_size").or_else(|| {
+                config
+                    .pointer("/text_config/hidden_size")
+                    .and_then(|v| v.as_u64())
+                    .map(|v| v as usize)
+            }),
+        })
+        .map_err(anyhow::Error::msg)?,
+    ))
 }
 
 /// A server whose model cannot load can never answer: stop the process with

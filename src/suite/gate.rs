@@ -27,7 +27,7 @@ use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
 pub use super::outcome::{Outcome, Report};
-use super::record::{AnswerRecord, Record, SdkCheck, SDK_FILE};
+use super::record::{AnswerRecord, IntentRecord, Record, SdkCheck, SDK_FILE};
 use super::trust::TrustRecord;
 use crate::rng::SplitMix;
 use crate::stats;
@@ -378,63 +378,13 @@ pub fn compare(
         let Some(ri) = r.intent_sets.iter().find(|s| s.name == ci.name) else {
             continue;
         };
-        let by_seed: HashMap<u64, f64> = ri.per_draw.iter().map(|d| (d.seed, d.accuracy)).collect();
-        let diffs: Vec<f64> = ci
-            .per_draw
-            .iter()
-            .filter_map(|d| by_seed.get(&d.seed).map(|r| d.accuracy - r))
-            .collect();
-        let paired = diffs.len() == ci.per_draw.len() && diffs.len() == ri.per_draw.len();
-        let mean = diffs.iter().sum::<f64>() / diffs.len().max(1) as f64;
-        outcomes.push(Outcome {
-            gate: format!("intent heads {} ({} draws)", ci.name, ci.per_draw.len()),
-            candidate: format!("{:.4}", ci.accuracy_mean),
-            reference: format!("{:.4}", ri.accuracy_mean),
-            difference: if paired {
-                format!("{mean:+.4} (mean over draws paired by seed)")
-            } else {
-                "the draws' seeds differ".into()
-            },
-            tolerance: format!(">= -{}", gates.intent.tolerance),
-            pass: paired && mean >= -gates.intent.tolerance - 1e-12,
-        });
-        if ci.per_draw.iter().zip(&ri.per_draw).any(|(a, b)| {
-            a.accuracy.to_bits() != b.accuracy.to_bits() || a.ece.to_bits() != b.ece.to_bits()
-        }) || ci.per_draw.len() != ri.per_draw.len()
-        {
-            bit_diff.0 += 1;
-        }
+        let (outcome, differs) = intent_gate(ci, ri, gates.intent.tolerance);
+        outcomes.push(outcome);
+        bit_diff.0 += usize::from(differs);
         bit_diff.1 += 1;
     }
     if gates.conformance {
-        for (surface, equal, n) in c.conformance_by_surface() {
-            outcomes.push(Outcome {
-                gate: format!("conformance (asked again alone, {surface})"),
-                candidate: format!("{equal}/{n}"),
-                reference: "-".into(),
-                difference: format!("{} differ", n - equal),
-                tolerance: "bit for bit".into(),
-                pass: equal == n,
-            });
-        }
-    }
-    if gates.conformance && gates.openai_sdk {
-        if let Some(o) = sdk_gate(c, sdk) {
-            outcomes.push(o);
-        }
-    }
-    if gates.conformance {
-        for i in &c.intent_sets {
-            let s = &i.served;
-            outcomes.push(Outcome {
-                gate: format!("conformance {} (holdout served as decisions)", i.name),
-                candidate: format!("{:.4}/{:.6}", s.accuracy, s.nll),
-                reference: format!("{:.4}/{:.6}", s.registration_accuracy, s.registration_nll),
-                difference: format!("NLL {:+.2e}", s.nll - s.registration_nll),
-                tolerance: "same accuracy, NLL within 1e-6".into(),
-                pass: s.equal,
-            });
-        }
+        outcomes.extend(conformance_gates(c, sdk, gates.openai_sdk));
     }
     if gates.bitwise {
         outcomes.push(Outcome {
@@ -450,6 +400,71 @@ pub fn compare(
         forced: why,
         outcomes,
     })
+}
+
+/// The gate of one intent set's heads (their accuracy, paired draw by
+/// draw with the reference's by seed), and whether any draw's figures
+/// differ from the reference's in a bit.
+fn intent_gate(ci: &IntentRecord, ri: &IntentRecord, tolerance: f64) -> (Outcome, bool) {
+    let by_seed: HashMap<u64, f64> = ri.per_draw.iter().map(|d| (d.seed, d.accuracy)).collect();
+    let diffs: Vec<f64> = ci
+        .per_draw
+        .iter()
+        .filter_map(|d| by_seed.get(&d.seed).map(|r| d.accuracy - r))
+        .collect();
+    let paired = diffs.len() == ci.per_draw.len() && diffs.len() == ri.per_draw.len();
+    let mean = diffs.iter().sum::<f64>() / diffs.len().max(1) as f64;
+    let outcome = Outcome {
+        gate: format!("intent heads {} ({} draws)", ci.name, ci.per_draw.len()),
+        candidate: format!("{:.4}", ci.accuracy_mean),
+        reference: format!("{:.4}", ri.accuracy_mean),
+        difference: if paired {
+            format!("{mean:+.4} (mean over draws paired by seed)")
+        } else {
+            "the draws' seeds differ".into()
+        },
+        tolerance: format!(">= -{tolerance}"),
+        pass: paired && mean >= -tolerance - 1e-12,
+    };
+    let differs = ci.per_draw.len() != ri.per_draw.len()
+        || ci.per_draw.iter().zip(&ri.per_draw).any(|(a, b)| {
+            a.accuracy.to_bits() != b.accuracy.to_bits() || a.ece.to_bits() != b.ece.to_bits()
+        });
+    (outcome, differs)
+}
+
+/// The conformance gates of a candidate: each surface's questions asked
+/// again alone, the OpenAI SDK's (when `openai_sdk`), and each intent
+/// set's holdout served as decisions.
+fn conformance_gates(c: &Record, sdk: Option<&SdkCheck>, openai_sdk: bool) -> Vec<Outcome> {
+    let mut outcomes = Vec::new();
+    for (surface, equal, n) in c.conformance_by_surface() {
+        outcomes.push(Outcome {
+            gate: format!("conformance (asked again alone, {surface})"),
+            candidate: format!("{equal}/{n}"),
+            reference: "-".into(),
+            difference: format!("{} differ", n - equal),
+            tolerance: "bit for bit".into(),
+            pass: equal == n,
+        });
+    }
+    if openai_sdk {
+        if let Some(o) = sdk_gate(c, sdk) {
+            outcomes.push(o);
+        }
+    }
+    for i in &c.intent_sets {
+        let s = &i.served;
+        outcomes.push(Outcome {
+            gate: format!("conformance {} (holdout served as decisions)", i.name),
+            candidate: format!("{:.4}/{:.6}", s.accuracy, s.nll),
+            reference: format!("{:.4}/{:.6}", s.registration_accuracy, s.registration_nll),
+            difference: format!("NLL {:+.2e}", s.nll - s.registration_nll),
+            tolerance: "same accuracy, NLL within 1e-6".into(),
+            pass: s.equal,
+        });
+    }
+    outcomes
 }
 
 /// KL(reference || candidate) of one answer's options, in nats, from the

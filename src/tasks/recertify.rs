@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use super::certificate::{self, CertifySpec, Method};
 use super::worker::scored_question;
-use super::{Example, Kind, Status, TaskError, TaskRecord, TaskRegistry, TaskSpec};
+use super::{Example, Kind, Report, Status, TaskError, TaskRecord, TaskRegistry, TaskSpec};
 
 fn invalid(param: &str, message: String) -> TaskError {
     TaskError::Invalid {
@@ -42,33 +42,7 @@ impl TaskRegistry {
     ) -> Result<TaskRecord, TaskError> {
         let record = self.find(id)?;
         let name = record.spec.name.clone();
-        let Some(report) = record
-            .report
-            .as_ref()
-            .filter(|_| record.status == Status::Ready)
-        else {
-            return Err(TaskError::NotReady {
-                param: "id".into(),
-                message: format!("the task `{name}` is not ready; certify it once it is"),
-            });
-        };
-        if record.spec.certify.is_none() {
-            return Err(invalid(
-                "id",
-                format!(
-                    "the task `{name}` was registered without certification: register it again \
-                     with a certify block"
-                ),
-            ));
-        }
-        if record.model != self.route.info().identity {
-            return Err(TaskError::NotReady {
-                param: "id".into(),
-                message: format!(
-                    "the task `{name}` was fitted on another model; register it again on this one"
-                ),
-            });
-        }
+        let report = self.certifiable(&record)?;
         if examples.len() < spec.min_examples {
             return Err(invalid(
                 "examples",
@@ -82,33 +56,7 @@ impl TaskRegistry {
                 ),
             ));
         }
-        // The fit side's inputs: the registration's examples but the
-        // held-out ones.
-        let registered = self
-            .store
-            .load_examples(&record.id)
-            .map_err(TaskError::Store)?;
-        let held: HashSet<usize> = report.holdout_indices.iter().copied().collect();
-        let fit: HashSet<String> = registered
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| !held.contains(i))
-            .map(|(_, e)| record.spec.input_of(&e.state))
-            .collect();
-        let seen = examples
-            .iter()
-            .filter(|e| fit.contains(&record.spec.input_of(&e.state)))
-            .count();
-        if seen > 0 {
-            return Err(invalid(
-                "examples",
-                format!(
-                    "{seen} of the {} examples are inputs the fit saw; certify on examples it has \
-                     not seen",
-                    examples.len()
-                ),
-            ));
-        }
+        self.check_unseen(&record, report, examples)?;
         let head = match record.spec.kind {
             Kind::Choice => None,
             Kind::Intent => Some(self.heads_lock().get(&record.id).cloned().ok_or_else(|| {
@@ -160,5 +108,75 @@ impl TaskRegistry {
         self.forget_monitor(&updated);
         tracing::info!("task `{name}` ({}): certified again", updated.id);
         Ok(updated)
+    }
+
+    /// The report of a task that may be certified again: ready,
+    /// registered with certification, fitted on this model.
+    fn certifiable<'r>(&self, record: &'r TaskRecord) -> Result<&'r Report, TaskError> {
+        let name = &record.spec.name;
+        let Some(report) = record
+            .report
+            .as_ref()
+            .filter(|_| record.status == Status::Ready)
+        else {
+            return Err(TaskError::NotReady {
+                param: "id".into(),
+                message: format!("the task `{name}` is not ready; certify it once it is"),
+            });
+        };
+        if record.spec.certify.is_none() {
+            return Err(invalid(
+                "id",
+                format!(
+                    "the task `{name}` was registered without certification: register it again \
+                     with a certify block"
+                ),
+            ));
+        }
+        if record.model != self.route.info().identity {
+            return Err(TaskError::NotReady {
+                param: "id".into(),
+                message: format!(
+                    "the task `{name}` was fitted on another model; register it again on this one"
+                ),
+            });
+        }
+        Ok(report)
+    }
+
+    /// Refuses examples whose input the task's fit saw (its registration's
+    /// examples but the held-out ones).
+    fn check_unseen(
+        &self,
+        record: &TaskRecord,
+        report: &Report,
+        examples: &[Example],
+    ) -> Result<(), TaskError> {
+        let registered = self
+            .store
+            .load_examples(&record.id)
+            .map_err(TaskError::Store)?;
+        let held: HashSet<usize> = report.holdout_indices.iter().copied().collect();
+        let fit: HashSet<String> = registered
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !held.contains(i))
+            .map(|(_, e)| record.spec.input_of(&e.state))
+            .collect();
+        let seen = examples
+            .iter()
+            .filter(|e| fit.contains(&record.spec.input_of(&e.state)))
+            .count();
+        if seen > 0 {
+            return Err(invalid(
+                "examples",
+                format!(
+                    "{seen} of the {} examples are inputs the fit saw; certify on examples it has \
+                     not seen",
+                    examples.len()
+                ),
+            ));
+        }
+        Ok(())
     }
 }

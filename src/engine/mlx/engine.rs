@@ -152,55 +152,10 @@ fn engine_thread(
             *g = s;
         }
     };
-    let started = std::time::Instant::now();
-    // The weights must fit the device; MLX's limits follow from them.
-    let device = Device::current();
-    let limits = loader::weight_bytes(&dir).and_then(|weights| {
-        memory::plan(
-            device,
-            memory::working_set(device),
-            weights,
-            (options.prefix_cache_mib as usize) << 20,
-        )
-        .map_err(MlxError::Config)
-    });
-    match limits.and_then(|l| memory::apply(&l).map(|()| l).map_err(MlxError::from)) {
-        Ok(l) => tracing::info!(
-            working_set = l.working_set,
-            wired = l.wired,
-            cache = l.cache,
-            "MLX memory limits"
-        ),
-        Err(e) => {
-            tracing::error!("{} cannot be served: {e}", dir.display());
-            set(EngineStatus::Failed(e.to_string()));
-            return;
-        }
-    }
-    let model = match MlxModel::load_with(&dir, options.load) {
+    let model = match load(&dir, &options) {
         Ok(m) => m,
-        Err(e) => {
-            tracing::error!("loading {} failed: {e}", dir.display());
-            set(EngineStatus::Failed(e.to_string()));
-            return;
-        }
+        Err(e) => return set(EngineStatus::Failed(e)),
     };
-    if let Err(e) = model.warm_up() {
-        tracing::error!("the first pass through {} failed: {e}", dir.display());
-        set(EngineStatus::Failed(e.to_string()));
-        return;
-    }
-    let _ = mlx_rs::memory::clear_cache();
-    // The peak exported from here on is serving's (the weights held and
-    // what requests add), not the loading's transient copies.
-    let _ = mlx_rs::memory::reset_peak_memory();
-    tracing::info!(
-        "loaded {} ({}) in {:.1} s, {:.1} MiB held",
-        dir.display(),
-        model.info.architecture,
-        started.elapsed().as_secs_f64(),
-        mlx_rs::memory::active_memory().unwrap_or(0) as f64 / (1u64 << 20) as f64
-    );
     memory::export(&options.metrics);
     set(EngineStatus::Ready);
     let prefix_cache: PrefixCache<Snapshot> =
@@ -225,65 +180,13 @@ fn engine_thread(
         let Some(item) = work.pop_front() else {
             continue;
         };
-        // A panic in a job's work fails that job (a 500, once), is
-        // logged, and the thread serves on.
-        let done = match item {
-            Work::Scoring(mut scoring) => {
-                let mut e = passes::Engine {
-                    model: &model,
-                    options: &options,
-                    prefix_cache: &prefix_cache,
-                    prompts: &mut prompts,
-                };
-                match catch_unwind(AssertUnwindSafe(|| scoring.step(&mut e))) {
-                    Ok((n, true)) => n,
-                    Ok((n, false)) => {
-                        work.push_back(Work::Scoring(scoring));
-                        n
-                    }
-                    Err(panic) => scoring.fail(crate::engine::panicked(&*panic)),
-                }
-            }
-            Work::Whole(Job::Score { request, reply }) => {
-                work.push_back(Work::Scoring(Box::new(Scoring::new(request, reply))));
-                0
-            }
-            Work::Whole(Job::Generate { request, events }) => {
-                let kept = Kept {
-                    cache: &prefix_cache,
-                    index: &mut prompts,
-                };
-                let ran = catch_unwind(AssertUnwindSafe(|| {
-                    generate(&model, &options, kept, &request, &events)
-                }));
-                let failed = match ran {
-                    Ok(Ok(())) => None,
-                    Ok(Err(e)) => Some(EngineError::computation(e.to_string())),
-                    Err(panic) => Some(crate::engine::panicked(&*panic)),
-                };
-                if let Some(e) = failed {
-                    let _ = events.blocking_send(Err(e));
-                }
-                1
-            }
-            Work::Whole(Job::Embed { inputs, reply }) => {
-                if reply.is_closed() {
-                    options.metrics.abandoned_jobs.inc();
-                } else {
-                    let kept = Kept {
-                        cache: &prefix_cache,
-                        index: &mut prompts,
-                    };
-                    let embedded = catch_unwind(AssertUnwindSafe(|| {
-                        embed_all(&model, &options, kept, &inputs)
-                    }));
-                    let _ = reply.send(
-                        embedded.unwrap_or_else(|panic| Err(crate::engine::panicked(&*panic))),
-                    );
-                }
-                1
-            }
+        let mut e = passes::Engine {
+            model: &model,
+            options: &options,
+            prefix_cache: &prefix_cache,
+            prompts: &mut prompts,
         };
+        let done = turn(item, &mut work, &mut e);
         if done > 0 {
             depth.fetch_sub(done, Ordering::Relaxed);
             if work.is_empty() {
@@ -292,6 +195,110 @@ fn engine_thread(
                 memory::trim_idle(loaded, prefix_cache.bytes() as usize);
             }
             memory::export(&options.metrics);
+        }
+    }
+}
+
+/// Plans MLX's memory limits for the weights in `dir`, loads the model and
+/// runs its first pass; the error (logged) fails the engine.
+fn load(dir: &std::path::Path, options: &MlxOptions) -> Result<MlxModel, String> {
+    let started = std::time::Instant::now();
+    // The weights must fit the device; MLX's limits follow from them.
+    let device = Device::current();
+    let limits = loader::weight_bytes(dir).and_then(|weights| {
+        memory::plan(
+            device,
+            memory::working_set(device),
+            weights,
+            (options.prefix_cache_mib as usize) << 20,
+        )
+        .map_err(MlxError::Config)
+    });
+    match limits.and_then(|l| memory::apply(&l).map(|()| l).map_err(MlxError::from)) {
+        Ok(l) => tracing::info!(
+            working_set = l.working_set,
+            wired = l.wired,
+            cache = l.cache,
+            "MLX memory limits"
+        ),
+        Err(e) => {
+            tracing::error!("{} cannot be served: {e}", dir.display());
+            return Err(e.to_string());
+        }
+    }
+    let model = MlxModel::load_with(dir, options.load).map_err(|e| {
+        tracing::error!("loading {} failed: {e}", dir.display());
+        e.to_string()
+    })?;
+    if let Err(e) = model.warm_up() {
+        tracing::error!("the first pass through {} failed: {e}", dir.display());
+        return Err(e.to_string());
+    }
+    let _ = mlx_rs::memory::clear_cache();
+    // The peak exported from here on is serving's (the weights held and
+    // what requests add), not the loading's transient copies.
+    let _ = mlx_rs::memory::reset_peak_memory();
+    tracing::info!(
+        "loaded {} ({}) in {:.1} s, {:.1} MiB held",
+        dir.display(),
+        model.info.architecture,
+        started.elapsed().as_secs_f64(),
+        mlx_rs::memory::active_memory().unwrap_or(0) as f64 / (1u64 << 20) as f64
+    );
+    Ok(model)
+}
+
+/// One turn of the engine thread: a step of a scoring job (put back at
+/// the end of `work` when it has more to read), or a whole job. The count
+/// of jobs it finished. A panic in a job's work fails that job (a 500,
+/// once), is logged, and the thread serves on.
+fn turn(item: Work, work: &mut VecDeque<Work>, e: &mut passes::Engine) -> usize {
+    match item {
+        Work::Scoring(mut scoring) => match catch_unwind(AssertUnwindSafe(|| scoring.step(e))) {
+            Ok((n, true)) => n,
+            Ok((n, false)) => {
+                work.push_back(Work::Scoring(scoring));
+                n
+            }
+            Err(panic) => scoring.fail(crate::engine::panicked(&*panic)),
+        },
+        Work::Whole(Job::Score { request, reply }) => {
+            work.push_back(Work::Scoring(Box::new(Scoring::new(request, reply))));
+            0
+        }
+        Work::Whole(Job::Generate { request, events }) => {
+            let kept = Kept {
+                cache: e.prefix_cache,
+                index: e.prompts,
+            };
+            let ran = catch_unwind(AssertUnwindSafe(|| {
+                generate(e.model, e.options, kept, &request, &events)
+            }));
+            let failed = match ran {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(EngineError::computation(e.to_string())),
+                Err(panic) => Some(crate::engine::panicked(&*panic)),
+            };
+            if let Some(e) = failed {
+                let _ = events.blocking_send(Err(e));
+            }
+            1
+        }
+        Work::Whole(Job::Embed { inputs, reply }) => {
+            if reply.is_closed() {
+                e.options.metrics.abandoned_jobs.inc();
+            } else {
+                let kept = Kept {
+                    cache: e.prefix_cache,
+                    index: e.prompts,
+                };
+                let embedded = catch_unwind(AssertUnwindSafe(|| {
+                    embed_all(e.model, e.options, kept, &inputs)
+                }));
+                let _ = reply
+                    .send(embedded.unwrap_or_else(|panic| Err(crate::engine::panicked(&*panic))));
+            }
+            1
         }
     }
 }

@@ -149,6 +149,132 @@ fn groups(inner: &Inner, request: &ScoreRequest) -> (Vec<Group>, bool) {
 /// questions' positions.
 type Group = (Vec<u32>, Vec<usize>);
 
+/// The list requests of a decision's question groups: each group's
+/// questions cut into lists to what may run beside other requests' calls
+/// (`--batch-tokens`, `--batch-prompts`, the fair share), each list asked
+/// for its group's letters, at most a request's worth of token ids at a
+/// time when they are named by id.
+fn parts(
+    inner: &Inner,
+    groups: &[Group],
+    by_ids: bool,
+    lengths: &[usize],
+    suffixes: &[usize],
+) -> Vec<(usize, Part)> {
+    let limits = &inner.options.limits;
+    let fair_room = inner.pool.fair_budget().unwrap_or(usize::MAX);
+    let mut parts = Vec::new();
+    for (g, (letters, questions)) in groups.iter().enumerate() {
+        let step = if by_ids {
+            MAX_LOGPROB_TOKEN_IDS
+        } else {
+            letters.len().max(1)
+        };
+        let lists = split(
+            questions,
+            lengths,
+            limits.batch_tokens,
+            limits.batch_prompts,
+        )
+        .into_iter()
+        .flat_map(|list| split(&list, suffixes, fair_room, usize::MAX));
+        for list in lists {
+            let mut from = 0;
+            loop {
+                let to = (from + step).min(letters.len());
+                parts.push((
+                    g,
+                    Part {
+                        questions: list.clone(),
+                        letters: from..to,
+                    },
+                ));
+                from = to;
+                if from >= letters.len() {
+                    break;
+                }
+            }
+        }
+    }
+    parts
+}
+
+/// Each question's hidden state from the head upstream, when the decision
+/// asks for them: the state embedded alone first, so that each question's
+/// embedding continues it (its prefix cache).
+async fn hidden_states(
+    inner: &Inner,
+    request: &ScoreRequest,
+    prompts: &[Vec<u32>],
+) -> Result<Vec<Option<Vec<f32>>>, EngineError> {
+    if !request.hidden {
+        return Ok(vec![None; prompts.len()]);
+    }
+    let key = request.state.0;
+    if !request.prefix.is_empty() {
+        head::hidden(inner, &key, &request.prefix).await?;
+    }
+    let all = prompts
+        .iter()
+        .cloned()
+        .map(|p| async move { head::hidden(inner, &key, &p).await.map(Some) });
+    futures::stream::iter(all)
+        .buffered(inner.options.limits.fan_out.max(1))
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect()
+}
+
+/// A list request's answer: its part, the upstream that answered, the
+/// response, each question's choice in it, and the seconds it took.
+type Answered = (Part, Probed, CompletionResponse, Vec<usize>, f64);
+
+/// What the request carrying the first question and letters reports: the
+/// cached count of its last prompt (vLLM's rule), that prompt's length,
+/// its prompts, the upstream's unit of hits.
+type FirstReport = (Option<usize>, usize, usize, usize);
+
+/// Per question (of `n`), what the list requests answered: the letters'
+/// log-probabilities found, the longest request's seconds, the upstream
+/// that answered; and what the first request reports.
+type Gathered = (
+    Vec<HashMap<u32, f64>>,
+    Vec<f64>,
+    Vec<Option<Probed>>,
+    Option<FirstReport>,
+);
+
+/// The list requests' answers gathered per question.
+fn gather(
+    all: Vec<Result<Answered, EngineError>>,
+    n: usize,
+    lead: bool,
+    lengths: &[usize],
+) -> Result<Gathered, EngineError> {
+    let mut found: Vec<HashMap<u32, f64>> = vec![HashMap::new(); n];
+    let mut seconds = vec![0.0f64; n];
+    let mut probed_for = vec![None; n];
+    let mut first = None;
+    for r in all {
+        let (part, probed, response, order, took) = r?;
+        if part.questions.first() == Some(&0) && part.letters.start == 0 {
+            let last = *part.questions.last().unwrap_or(&0);
+            let count = cached_tokens(response.usage.as_ref());
+            let prompts = part.questions.len() + usize::from(lead);
+            first = Some((count, lengths[last], prompts, probed.hit_unit()));
+        }
+        for (&q, &c) in part.questions.iter().zip(&order) {
+            let position = choice_position(&response.choices[c])
+                .map_err(|m| EngineError::Upstream(m.to_string()))?;
+            found[q].extend(position);
+            seconds[q] = seconds[q].max(took);
+            probed_for[q] = Some(probed.clone());
+        }
+    }
+    Ok((found, seconds, probed_for, first))
+}
+
 /// A decision's questions on one state as list requests, all at once.
 pub async fn score(inner: &Inner, request: &ScoreRequest) -> Result<ScoreResult, EngineError> {
     let key = request.state.0;
@@ -163,43 +289,8 @@ pub async fn score(inner: &Inner, request: &ScoreRequest) -> Result<ScoreResult,
     let lengths: Vec<usize> = prompts.iter().map(Vec::len).collect();
     let limits = &inner.options.limits;
     let (groups, by_ids) = groups(inner, request);
-    // Lists are cut to what may run beside other requests' calls.
     let suffixes: Vec<usize> = request.questions.iter().map(|q| q.suffix.len()).collect();
-    let fair_room = inner.pool.fair_budget().unwrap_or(usize::MAX);
-    let mut parts = Vec::new();
-    for (g, (letters, questions)) in groups.iter().enumerate() {
-        let step = if by_ids {
-            MAX_LOGPROB_TOKEN_IDS
-        } else {
-            letters.len().max(1)
-        };
-        let lists = split(
-            questions,
-            &lengths,
-            limits.batch_tokens,
-            limits.batch_prompts,
-        )
-        .into_iter()
-        .flat_map(|list| split(&list, &suffixes, fair_room, usize::MAX));
-        for list in lists {
-            let mut from = 0;
-            loop {
-                let to = (from + step).min(letters.len());
-                let questions = list.clone();
-                parts.push((
-                    g,
-                    Part {
-                        questions,
-                        letters: from..to,
-                    },
-                ));
-                from = to;
-                if from >= letters.len() {
-                    break;
-                }
-            }
-        }
-    }
+    let parts = parts(inner, &groups, by_ids, &lengths, &suffixes);
     // With several questions, each list opens with the state alone, so that
     // an upstream that keeps prompts (a decisio gateway) computes the state
     // as a decision does before any question continues it; vLLM's prefix
@@ -246,52 +337,10 @@ pub async fn score(inner: &Inner, request: &ScoreRequest) -> Result<ScoreResult,
         .map(send)
         .buffer_unordered(limits.fan_out.max(1))
         .collect::<Vec<_>>();
-    // The head upstream embeds the state alone first, so that each
-    // question's embedding continues it (its prefix cache), beside the
-    // list requests.
-    let hidden = async {
-        if !request.hidden {
-            return Ok(vec![None; prompts.len()]);
-        }
-        if !request.prefix.is_empty() {
-            head::hidden(inner, &key, &request.prefix).await?;
-        }
-        let all = prompts
-            .iter()
-            .cloned()
-            .map(|p| async move { head::hidden(inner, &key, &p).await.map(Some) });
-        futures::stream::iter(all)
-            .buffered(limits.fan_out.max(1))
-            .collect::<Vec<_>>()
-            .await
-            .into_iter()
-            .collect::<Result<Vec<_>, EngineError>>()
-    };
+    let hidden = hidden_states(inner, request, &prompts);
     let (all, hidden) = futures::future::join(lists, hidden).await;
     let hidden = hidden?;
-    let mut found: Vec<HashMap<u32, f64>> = vec![HashMap::new(); prompts.len()];
-    let mut seconds = vec![0.0f64; prompts.len()];
-    let mut probed_for = vec![None; prompts.len()];
-    // What the request carrying the first question and letters reports:
-    // the cached count of its last prompt (vLLM's rule), that prompt's
-    // length, its prompts, the upstream's unit of hits.
-    let mut first = None;
-    for r in all {
-        let (part, probed, response, order, took) = r?;
-        if part.questions.first() == Some(&0) && part.letters.start == 0 {
-            let last = *part.questions.last().unwrap_or(&0);
-            let count = cached_tokens(response.usage.as_ref());
-            let prompts = part.questions.len() + usize::from(lead);
-            first = Some((count, lengths[last], prompts, probed.hit_unit()));
-        }
-        for (&q, &c) in part.questions.iter().zip(&order) {
-            let position = choice_position(&response.choices[c])
-                .map_err(|m| EngineError::Upstream(m.to_string()))?;
-            found[q].extend(position);
-            seconds[q] = seconds[q].max(took);
-            probed_for[q] = Some(probed.clone());
-        }
-    }
+    let (found, seconds, probed_for, first) = gather(all, prompts.len(), lead, &lengths)?;
     let reads = request.questions.iter().enumerate().map(|(i, q)| {
         let (found, probed, prompt) = (&found[i], probed_for[i].clone(), &prompts[i]);
         async move {

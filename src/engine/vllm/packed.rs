@@ -86,11 +86,9 @@ fn locate_answers(
     out
 }
 
-/// Packed questions: the one prompt, one greedy generation of the answer
-/// sheet with the letters' log-probabilities at every position, and each
-/// answer's letters read at its own position (`docs/design/vllm.md`,
-/// "Packed questions").
-pub async fn score(inner: &Inner, request: &ScoreRequest) -> Result<ScoreResult, EngineError> {
+/// The packed prompt a packed scoring job carries, one marker a question;
+/// anything else is a fault of the route that sent it.
+fn packed_prompt(request: &ScoreRequest) -> Result<&PackedPrompt, EngineError> {
     let packed: &PackedPrompt = request.packed.as_ref().ok_or_else(|| {
         EngineError::Model("a packed scoring job came without its packed prompt".into())
     })?;
@@ -106,6 +104,15 @@ pub async fn score(inner: &Inner, request: &ScoreRequest) -> Result<ScoreResult,
             request.questions.len()
         )));
     }
+    Ok(packed)
+}
+
+/// Packed questions: the one prompt, one greedy generation of the answer
+/// sheet with the letters' log-probabilities at every position, and each
+/// answer's letters read at its own position (`docs/design/vllm.md`,
+/// "Packed questions").
+pub async fn score(inner: &Inner, request: &ScoreRequest) -> Result<ScoreResult, EngineError> {
+    let packed = packed_prompt(request)?;
     let key = request.state.0;
     let started = Instant::now();
     // Every letter any question reads, once.

@@ -184,8 +184,21 @@ pub(super) fn parse_question(id: &str, q: Value) -> Result<WireQuestion, Vec<Det
     };
     let at = |field: &'static str| ["questions", id, kind.as_str(), field];
     let instructions = q.remove("instructions").filter(|v| !v.is_null());
-    let criteria = q.remove("criteria");
-    let criteria = match kind {
+    let criteria = parse_criteria(kind, q.remove("criteria"), &at("criteria"))?;
+    Ok(WireQuestion {
+        kind,
+        instructions,
+        criteria,
+    })
+}
+
+/// A question's `criteria`, by its kind; `at` is the field's location.
+fn parse_criteria(
+    kind: Kind,
+    criteria: Option<Value>,
+    at: &[&str],
+) -> Result<Criteria, Vec<Detail>> {
+    Ok(match kind {
         Kind::Noul => match criteria {
             None | Some(Value::Null) => Criteria::Noul {
                 yes: None,
@@ -197,19 +210,19 @@ pub(super) fn parse_question(id: &str, q: Value) -> Result<WireQuestion, Vec<Det
             },
             Some(_) => {
                 return Err(vec![detail(
-                    &at("criteria"),
+                    at,
                     "noul criteria must be an object with `true` and/or `false`, or null",
                     "dict_type",
                 )])
             }
         },
         Kind::Choice => match criteria {
-            None => return Err(vec![detail(&at("criteria"), "Field required", "missing")]),
+            None => return Err(vec![detail(at, "Field required", "missing")]),
             Some(Value::Object(c)) => {
                 let (lo, hi) = CHOICE_OPTIONS;
                 if c.len() < lo || c.len() > hi {
                     return Err(vec![detail(
-                        &at("criteria"),
+                        at,
                         format!("a choice takes {lo} to {hi} options; got {}", c.len()),
                         if c.len() < lo {
                             "too_short"
@@ -226,19 +239,19 @@ pub(super) fn parse_question(id: &str, q: Value) -> Result<WireQuestion, Vec<Det
             }
             Some(_) => {
                 return Err(vec![detail(
-                    &at("criteria"),
+                    at,
                     "choice criteria must be an object of option name to description",
                     "dict_type",
                 )])
             }
         },
         Kind::Score => match criteria {
-            None => return Err(vec![detail(&at("criteria"), "Field required", "missing")]),
+            None => return Err(vec![detail(at, "Field required", "missing")]),
             Some(Value::Array(levels)) => {
                 let (lo, hi) = SCORE_LEVELS;
                 if levels.len() < lo || levels.len() > hi {
                     return Err(vec![detail(
-                        &at("criteria"),
+                        at,
                         format!("a score takes {lo} to {hi} levels; got {}", levels.len()),
                         if levels.len() < lo {
                             "too_short"
@@ -249,7 +262,7 @@ pub(super) fn parse_question(id: &str, q: Value) -> Result<WireQuestion, Vec<Det
                 }
                 if let Some(i) = levels.iter().position(Value::is_null) {
                     return Err(vec![detail(
-                        &at("criteria"),
+                        at,
                         format!("score level {i} is null; describe every level"),
                         "value_error",
                     )]);
@@ -258,24 +271,19 @@ pub(super) fn parse_question(id: &str, q: Value) -> Result<WireQuestion, Vec<Det
             }
             Some(Value::Object(_)) => {
                 return Err(vec![detail(
-                    &at("criteria"),
+                    at,
                     "score criteria must be an array of levels, lowest first, not an object",
                     "list_type",
                 )])
             }
             Some(_) => {
                 return Err(vec![detail(
-                    &at("criteria"),
+                    at,
                     "score criteria must be an array of levels, lowest first",
                     "list_type",
                 )])
             }
         },
-    };
-    Ok(WireQuestion {
-        kind,
-        instructions,
-        criteria,
     })
 }
 

@@ -25,9 +25,15 @@ pub use self::render::{
 };
 
 use super::{RouteError, TextRoute};
-use crate::engine::{MultiQuestion, QuestionScore, ScoreRequest, StateHash};
+use crate::engine::{
+    MultiQuestion, PackedPrompt, QuestionScore, QuestionTokens, ScoreRequest, StateHash,
+};
 use crate::stats::head::Head;
 use crate::text_route::systemone::WireAsk;
+
+/// A decision's prompts: the state's tokens, each question's suffix and,
+/// for the packed mode, the one packed prompt.
+type Prepared = Result<(Vec<u32>, Vec<QuestionTokens>, Option<PackedPrompt>), RouteError>;
 
 /// The first 26 letter codes, one letter each (a packed prompt's options
 /// take these alone).
@@ -374,58 +380,49 @@ impl TextRoute {
             .await
     }
 
-    async fn decide_with(
-        self: &Arc<Self>,
-        state: State,
-        questions: Vec<Question>,
-        mode: Option<MultiQuestion>,
-        orders: usize,
-        served: Served,
-    ) -> Result<Decision, RouteError> {
-        let observed = served == Served::Served;
+    /// The multi-question mode a decision runs in: the one asked, when the
+    /// backend serves it, else the backend's first.
+    fn mode(&self, mode: Option<MultiQuestion>) -> Result<MultiQuestion, RouteError> {
         let caps = self.engine().capabilities();
-        let mode = match mode {
-            None => caps
+        match mode {
+            None => Ok(caps
                 .modes
                 .first()
                 .copied()
-                .unwrap_or(MultiQuestion::Sequential),
-            Some(m) if caps.modes.contains(&m) => m,
+                .unwrap_or(MultiQuestion::Sequential)),
+            Some(m) if caps.modes.contains(&m) => Ok(m),
             Some(m) => {
                 let served: Vec<_> = caps
                     .modes
                     .iter()
                     .map(|m| format!("`{}`", m.as_str()))
                     .collect();
-                return Err(invalid(
+                Err(invalid(
                     "multi_question",
                     format!(
                         "`{}` is not served by the {} backend; it runs {} (the vLLM backend \
-                         runs `warm`, `sequential` and `packed`)",
+                     runs `warm`, `sequential` and `packed`)",
                         m.as_str(),
                         caps.name,
                         served.join(" and ")
                     ),
-                ));
+                ))
             }
-        };
-        if questions.is_empty() || questions.len() > MAX_QUESTIONS {
-            return Err(invalid(
-                "questions",
-                format!(
-                    "a request takes 1 to {MAX_QUESTIONS} questions; got {}",
-                    questions.len()
-                ),
-            ));
         }
-        let started = Instant::now();
-        let layer = head_layer(&questions)?;
-        let plan = orders::Plan::new(&questions, orders)?;
-        let asked = plan.asked(&questions);
-        // Rendering and tokenizing run on the blocking pool, off the
-        // caller's thread (an HTTP worker serves other requests meanwhile).
+    }
+
+    /// The decision's prompts, rendered and tokenized on the blocking pool,
+    /// off the caller's thread (an HTTP worker serves other requests
+    /// meanwhile); the questions come back with them.
+    async fn prepared(
+        self: &Arc<Self>,
+        state: State,
+        questions: Vec<Question>,
+        asked: Vec<Question>,
+        mode: MultiQuestion,
+    ) -> Result<(Vec<Question>, Vec<Question>, Prepared), RouteError> {
         let route = self.clone();
-        let (questions, asked, prepared) = tokio::task::spawn_blocking(move || {
+        tokio::task::spawn_blocking(move || {
             let prepared = if mode == MultiQuestion::Packed {
                 route
                     .prepare_packed(&state, &asked)
@@ -441,7 +438,33 @@ impl TextRoute {
         .map_err(|e| match e.try_into_panic() {
             Ok(panic) => RouteError::Engine(crate::engine::panicked(&*panic)),
             Err(e) => RouteError::Engine(crate::engine::EngineError::Model(e.to_string())),
-        })?;
+        })
+    }
+
+    async fn decide_with(
+        self: &Arc<Self>,
+        state: State,
+        questions: Vec<Question>,
+        mode: Option<MultiQuestion>,
+        orders: usize,
+        served: Served,
+    ) -> Result<Decision, RouteError> {
+        let observed = served == Served::Served;
+        let mode = self.mode(mode)?;
+        if questions.is_empty() || questions.len() > MAX_QUESTIONS {
+            return Err(invalid(
+                "questions",
+                format!(
+                    "a request takes 1 to {MAX_QUESTIONS} questions; got {}",
+                    questions.len()
+                ),
+            ));
+        }
+        let started = Instant::now();
+        let layer = head_layer(&questions)?;
+        let plan = orders::Plan::new(&questions, orders)?;
+        let asked = plan.asked(&questions);
+        let (questions, asked, prepared) = self.prepared(state, questions, asked, mode).await?;
         let (prefix, tokens, packed) = prepared?;
         let hash = self.state_hash(&prefix);
         let suffix_lengths: Vec<usize> = tokens.iter().map(|t| t.suffix.len()).collect();
