@@ -816,7 +816,9 @@ fn a_small_request_is_answered_beside_a_heavy_one() {
         let started = std::time::Instant::now();
         let (gw, heavy) = (&gw, &heavy);
         let large = scope.spawn(move || {
-            let r = ok(gw.post_json("/v1/decide", heavy));
+            // Minutes on a CPU upstream shared with other tests: longer
+            // than a plain request waits.
+            let r = ok(gw.post_json_waiting("/v1/decide", heavy, Duration::from_secs(600)));
             (r, started.elapsed())
         });
         while gw.metric("decisio_upstream_in_flight", "") == 0.0 {
