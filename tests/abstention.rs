@@ -400,11 +400,11 @@ fn an_abstention_registration_runs_on_the_worker_and_resumes_after_a_kill() {
     let ready = poll(&s, "city-many", |v| v["status"] == "ready");
     assert_eq!(ready["config"]["n"], 72, "{ready}");
     // The registration's files go just after the task is stored.
-    let since = std::time::Instant::now();
-    while scored.exists() && since.elapsed() < std::time::Duration::from_secs(30) {
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    assert!(!scored.exists(), "the scorings outlived the fit");
+    common::wait_until(
+        "the scorings go after the fit",
+        std::time::Duration::from_secs(30),
+        || !scored.exists(),
+    );
 
     // The same examples registered in one go (the reference's form,
     // answered once fitted) give the same fit.

@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Response, Server};
+use common::{wait_until, Response, Server};
 use serde_json::{json, Value};
 
 fn chat(content: &str) -> Value {
@@ -383,15 +383,6 @@ fn queue_depth(s: &Server) -> i64 {
         .expect("decisio_queue_depth in /metrics")
 }
 
-/// Polls `condition` every 10 ms for up to two minutes.
-fn wait_until(what: &str, condition: impl Fn() -> bool) {
-    let start = std::time::Instant::now();
-    while !condition() {
-        assert!(start.elapsed() < Duration::from_secs(120), "never: {what}");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
 #[test]
 fn a_full_queue_answers_503_and_nothing_is_dropped() {
     use std::io::{BufRead, BufReader, Write};
@@ -421,7 +412,9 @@ fn a_full_queue_answers_503_and_nothing_is_dropped() {
     std::thread::scope(|scope| {
         // A second one waits in the queue (depth 2: one running, one waiting).
         let waiting = scope.spawn(|| s.post_json("/v1/chat/completions", &chat("Hello")));
-        wait_until("a job waits in the queue", || queue_depth(&s) == 2);
+        wait_until("a job waits in the queue", Duration::from_secs(120), || {
+            queue_depth(&s) == 2
+        });
         // The queue (1) is full: the next ones are refused at once.
         for _ in 0..2 {
             let r = s.post_json("/v1/chat/completions", &chat("Hi"));
@@ -437,7 +430,9 @@ fn a_full_queue_answers_503_and_nothing_is_dropped() {
         let r = waiting.join().unwrap();
         assert_eq!(r.status, 200, "{}", r.text());
     });
-    wait_until("the queue drains", || queue_depth(&s) == 0);
+    wait_until("the queue drains", Duration::from_secs(120), || {
+        queue_depth(&s) == 0
+    });
 }
 
 #[test]
@@ -491,7 +486,7 @@ fn a_client_that_leaves_stops_its_work_and_its_retry_reads_on() {
         std::thread::sleep(Duration::from_millis(1500))
     });
     let left = std::time::Instant::now();
-    wait_until("the job stops", || {
+    wait_until("the job stops", Duration::from_secs(120), || {
         s.metric("decisio_abandoned_jobs_total", "") == 1.0
     });
     let stopped = left.elapsed();
@@ -499,7 +494,9 @@ fn a_client_that_leaves_stops_its_work_and_its_retry_reads_on() {
         stopped < Duration::from_secs(10),
         "stopped {stopped:?} after the client left"
     );
-    wait_until("the queue drains", || queue_depth(&s) == 0);
+    wait_until("the queue drains", Duration::from_secs(120), || {
+        queue_depth(&s) == 0
+    });
     assert_eq!(
         s.metric("decisio_http_requests_total", "status=\"499\""),
         1.0

@@ -770,11 +770,11 @@ fn a_killed_registration_resumes_after_a_restart() {
     // The record says ready first (a crash between keeps the checkpoint,
     // never loses it), then the checkpoint goes: looked for a while.
     let checkpoint = dir.join(format!("tasks/{id}.scores.json"));
-    let since = Instant::now();
-    while checkpoint.exists() && since.elapsed() < Duration::from_secs(30) {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    assert!(!checkpoint.exists(), "the checkpoint outlived the fit");
+    common::wait_until(
+        "the checkpoint goes after the fit",
+        Duration::from_secs(30),
+        || !checkpoint.exists(),
+    );
     s.kill();
 
     // A ready task survives a restart as it was, and serves.

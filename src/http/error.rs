@@ -296,3 +296,41 @@ impl From<TaskError> for ApiError {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The engine's own account of its errors ([`EngineError::passes`],
+    /// [`EngineError::servers_fault`], which the task worker acts on) agrees
+    /// with the statuses this layer answers them with: an error that passes
+    /// is a 503, the server's fault is a 5xx, and the request's is a 4xx.
+    #[test]
+    fn an_engine_errors_status_agrees_with_what_the_engine_says_of_it() {
+        let m = || "m".to_string();
+        let every = [
+            EngineError::QueueFull(3),
+            EngineError::Loading,
+            EngineError::LoadFailed(m()),
+            EngineError::Stopped,
+            EngineError::Model(m()),
+            EngineError::OutOfMemory(m()),
+            EngineError::Unsupported(m()),
+            EngineError::UpstreamUnavailable(m()),
+            EngineError::UpstreamTimeout(m()),
+            EngineError::Upstream(m()),
+            EngineError::UpstreamRefused(m()),
+            EngineError::Waiting(m()),
+        ];
+        for e in every {
+            let (passes, servers_fault) = (e.passes(), e.servers_fault());
+            let status = ApiError::from(e.clone()).status_code();
+            assert_eq!(passes, status == StatusCode::SERVICE_UNAVAILABLE, "{e:?}");
+            assert_eq!(servers_fault, status.is_server_error(), "{e:?}");
+            assert!(
+                status.is_client_error() || status.is_server_error(),
+                "{e:?}"
+            );
+        }
+    }
+}

@@ -164,8 +164,9 @@ pub type Split = (Vec<usize>, Vec<usize>);
 
 /// Fits a choice task on its scored examples (`reads[i]`: example `i`'s
 /// letter logits in each rotation, the served order first) split by
-/// `split` ([`TaskSpec::split`]): the letter bias ([`debias::choose`]) and then the temperature on the
-/// fit side, the figures and the threshold on the holdout as served.
+/// `split` ([`TaskSpec::split`]): the letter bias ([`debias::choose`]) and
+/// then the temperature on the fit side, the figures and the threshold on
+/// the holdout as served.
 pub fn fit(
     spec: &TaskSpec,
     reads: &[Vec<Vec<f32>>],

@@ -28,6 +28,16 @@ pub fn blas_as_served() {
     });
 }
 
+/// Polls `condition` every 10 ms until it holds, for up to `limit`;
+/// fails the test naming `what` if it never does.
+pub fn wait_until(what: &str, limit: Duration, condition: impl Fn() -> bool) {
+    let start = Instant::now();
+    while !condition() {
+        assert!(start.elapsed() < limit, "never within {limit:?}: {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 /// The converted SmolLM2 fixture (made by `make setup`).
 pub fn model_dir() -> PathBuf {
     let dir = std::env::var_os("DECISIO_MODEL")

@@ -207,7 +207,8 @@ fn check(body: &AbstentionRequest, state: &AppState) -> Result<(String, Vec<Chec
 const POLL: Duration = Duration::from_millis(100);
 
 /// `POST /v1/abstention/tasks`: the examples checked, then queued for the
-/// worker ([`crate::tasks::abstention_worker`]), which answers them as served and fits the threshold.
+/// worker ([`crate::tasks::abstention_worker`]), which answers them as
+/// served and fits the threshold.
 /// With `Prefer: respond-async` (RFC 7240), answered at once: `202` with
 /// the registration's status and its `Location`. Otherwise answered as the
 /// reference answers, with the task once fitted; a client that leaves

@@ -67,12 +67,54 @@ pub struct ReferenceCertify {
 }
 
 /// Whether a body is in the reference's form: an object with `id` and no
-/// `name`.
+/// `name`. The body's top-level keys are scanned and their values skipped
+/// unread ([`TopKeys`]): the typed parse that follows is the only one that
+/// builds anything from it.
 pub fn is_reference_form(body: &[u8]) -> bool {
     matches!(
-        serde_json::from_slice::<Value>(body),
-        Ok(Value::Object(m)) if m.contains_key("id") && !m.contains_key("name")
+        serde_json::from_slice::<TopKeys>(body),
+        Ok(TopKeys {
+            id: true,
+            name: false
+        })
     )
+}
+
+/// Which of `id` and `name` a JSON object has at its top level (a key
+/// counts whatever its value, `null` included). Anything but an object
+/// fails to deserialize.
+#[derive(Debug, Default, PartialEq)]
+struct TopKeys {
+    id: bool,
+    name: bool,
+}
+
+impl<'de> Deserialize<'de> for TopKeys {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct Scan;
+        impl<'de> serde::de::Visitor<'de> for Scan {
+            type Value = TopKeys;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> std::result::Result<TopKeys, A::Error> {
+                let mut keys = TopKeys::default();
+                while let Some(key) = map.next_key::<String>()? {
+                    map.next_value::<serde::de::IgnoredAny>()?;
+                    match key.as_str() {
+                        "id" => keys.id = true,
+                        "name" => keys.name = true,
+                        _ => {}
+                    }
+                }
+                Ok(keys)
+            }
+        }
+        d.deserialize_map(Scan)
+    }
 }
 
 /// An example's `request`, read as `/v1/systemone` reads a body, or a
@@ -316,4 +358,32 @@ pub fn reference_out(r: &TaskRecord, state: &AppState) -> Value {
         out["status"] = state.tasks.certificate_status(r).unwrap_or_default();
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_reference_form;
+
+    #[test]
+    fn the_form_is_told_by_its_top_level_keys_alone() {
+        let cases: [(&str, bool); 9] = [
+            (r#"{"id": "t", "examples": []}"#, true),
+            (r#"{"id": null}"#, true),
+            (r#"{"examples": [{"id": 1}], "id": {"name": 2}}"#, true),
+            (r#"{"id": "t", "name": "t"}"#, false),
+            (r#"{"name": "t", "examples": [{"id": 1}]}"#, false),
+            (r#"{"examples": []}"#, false),
+            (r#"["id"]"#, false),
+            (r#"{"id": "t""#, false),
+            (r#""id""#, false),
+        ];
+        for (body, reference) in cases {
+            let oracle = matches!(
+                serde_json::from_str::<serde_json::Value>(body),
+                Ok(serde_json::Value::Object(m)) if m.contains_key("id") && !m.contains_key("name")
+            );
+            assert_eq!(oracle, reference, "{body}");
+            assert_eq!(is_reference_form(body.as_bytes()), reference, "{body}");
+        }
+    }
 }
