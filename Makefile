@@ -16,7 +16,7 @@ DENSE_MODEL := $(DECISIO_CACHE)/models/smollm2-135m-instruct-dense
 OPENBLAS := $(wildcard /usr/lib/$(shell gcc -dumpmachine 2>/dev/null)/libopenblas.so.0)
 PORT ?= 8000
 
-.PHONY: setup serve test check-targets gate reference reference-cached reference-logits cargo-test e2e lint bench bench-tasks bench-letter-bias bench-trust ci-time schemathesis bench-mac bench-profile record-vllm bench-systemone bench-memory bench-heavy soak
+.PHONY: setup serve test check-targets gate reference reference-cached reference-logits cargo-test e2e lint bench bench-tasks bench-letter-bias bench-trust ci-time schemathesis bench-mac bench-profile record-vllm bench-systemone bench-memory bench-heavy bench-over-limit soak
 
 setup:
 	@bash scripts/setup.sh
@@ -121,6 +121,12 @@ bench-memory: setup reference
 # Small requests from 8 clients beside the heaviest request the limits allow,
 # /health, the time to a 413 and the memory after
 # (scripts/bench/heavy.py), into runs/<today>_heavy; about 3 minutes.
+# Over-long states cut as the reference decisio cuts them, 200 fresh
+# states on both backends (runs/<date>_over-limit).
+bench-over-limit: setup
+	cargo build --release --locked --bin decisio --example paired_bars
+	$(PYTHON) scripts/bench/over_limit.py
+
 bench-heavy: setup
 	cargo build --release --locked --bin decisio --example paired_bars
 	$(PYTHON) scripts/bench/heavy.py

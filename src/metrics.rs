@@ -44,6 +44,11 @@ pub struct Metrics {
     pub wire_questions: IntCounterVec,
     /// Seconds a System One request took per question, by type.
     pub wire_question_seconds: HistogramVec,
+    /// System One requests whose state was cut to the prompt ceiling.
+    pub states_truncated: IntCounter,
+    /// State tokens those cuts left out (each state's tokens less those
+    /// kept).
+    pub state_tokens_dropped: IntCounter,
     pub prefix_cache_hits: IntCounter,
     pub prefix_cache_misses: IntCounter,
     pub prefix_cache_evictions: IntCounter,
@@ -167,6 +172,15 @@ impl Metrics {
             )
             .expect("metric"),
             wire_question_seconds,
+            states_truncated: counter(
+                "decisio_states_truncated_total",
+                "POST /v1/systemone requests whose state was cut to its start to fit the prompt \
+                 ceiling (over_limit truncate).",
+            ),
+            state_tokens_dropped: counter(
+                "decisio_state_tokens_dropped_total",
+                "State tokens left out by those cuts: each state's tokens less those kept.",
+            ),
             prefix_cache_hits: counter(
                 "decisio_prefix_cache_hits_total",
                 "State look-ups (one per request) that found the state in the prefix cache.",
@@ -359,6 +373,8 @@ impl Metrics {
             Box::new(self.resumed_state_tokens.clone()),
             Box::new(self.wire_questions.clone()),
             Box::new(self.wire_question_seconds.clone()),
+            Box::new(self.states_truncated.clone()),
+            Box::new(self.state_tokens_dropped.clone()),
             Box::new(self.prefix_cache_hits.clone()),
             Box::new(self.prefix_cache_misses.clone()),
             Box::new(self.prefix_cache_evictions.clone()),

@@ -61,6 +61,13 @@ pub struct Limits {
     /// The context the server offers, when below the model's
     /// (`--max-model-len`, as vLLM names it): prompt plus generation.
     pub max_model_len: Option<usize>,
+    /// What a System One request whose state is over the prompt ceiling
+    /// gets when it does not say (`--over-limit`): refused, or its state
+    /// cut to its start.
+    pub over_limit: OverLimit,
+    /// The prompt ceiling a state is cut to, in tokens, where it is not the
+    /// context less one (`--over-limit-tokens`).
+    pub over_limit_tokens: Option<usize>,
 }
 
 impl Default for Limits {
@@ -89,6 +96,8 @@ impl Default for Limits {
             max_embedding_tokens: 65_536,
             max_packed_questions: 64,
             max_model_len: None,
+            over_limit: OverLimit::Refuse,
+            over_limit_tokens: None,
         }
     }
 }
@@ -181,6 +190,31 @@ impl Default for UpstreamLimits {
             fair_seconds: 1.0,
             fair_tokens: 2048,
             remembered_states: 65536,
+        }
+    }
+}
+
+/// What a request whose state is over the ceiling gets.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OverLimit {
+    /// Refused with the error of a prompt over the context, naming its
+    /// tokens.
+    #[default]
+    Refuse,
+    /// The state cut to its start (`crate::text_route::over_limit::fit_state`).
+    Truncate,
+}
+
+impl OverLimit {
+    pub const NAMES: [&'static str; 2] = ["refuse", "truncate"];
+
+    /// The mode a request names (`"refuse"` or `"truncate"`).
+    pub fn from_name(name: &str) -> Option<OverLimit> {
+        match name {
+            "refuse" => Some(OverLimit::Refuse),
+            "truncate" => Some(OverLimit::Truncate),
+            _ => None,
         }
     }
 }

@@ -293,10 +293,37 @@ fn a_reference_client_registers_a_certified_task_and_reads_its_verdicts() {
     assert_eq!(export["object"], "tasks.export", "{export}");
     assert_eq!(export["tasks"].as_array().unwrap().len(), 1);
     let fresh_dir = common::fresh_dir("certify-import");
-    let fresh = Server::start(&["--state-dir", fresh_dir.to_str().unwrap()]);
+    let fresh = Server::start(&[
+        "--state-dir",
+        fresh_dir.to_str().unwrap(),
+        "--over-limit-tokens",
+        "256",
+    ]);
     let r = fresh.post_json("/v1/tasks/import", &export);
     assert_eq!(r.status, 200, "{}", r.text());
     let i = held.iter().position(|&i| i == certified_one).unwrap();
+    assert_eq!(ask(&fresh, &examples[certified_one]["request"]), answers[i]);
+    // Read from a state cut to the ceiling (`over_limit`), the same
+    // question is not certified: the promise is for whole inputs.
+    let mut long = examples[certified_one]["request"].clone();
+    let state = long["state"].as_str().unwrap().to_string();
+    long["state"] = json!(format!("{state} {}", "More of the same. ".repeat(200)));
+    long["over_limit"] = json!("truncate");
+    let r = fresh.post_json("/v1/systemone", &long);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["x_truncated"]["limit"], 256, "{v}");
+    let a = &v["answers"]["q"];
+    assert_eq!(a["x_certified"], false, "{a}");
+    assert_eq!(a["x_certified_reason"], "state_truncated", "{a}");
+    assert_eq!(a["x_certificate"], answers[i]["x_certificate"], "{a}");
+    assert_eq!(
+        metric(
+            &fresh,
+            "decisio_certified_task_answers_total{task=\"mmlu-cert\",verdict=\"state_truncated\"}"
+        ),
+        Some(1.0)
+    );
     assert_eq!(ask(&fresh, &examples[certified_one]["request"]), answers[i]);
     let r = fresh.post_json("/v1/tasks/import", &export);
     assert_eq!(r.status, 409, "{}", r.text());

@@ -5,15 +5,14 @@
 
 mod common;
 
-use common::{asset, model_dir, reference_file, Response, Server};
+use common::{model_dir, reference_file, ReferenceTokenizer, Response, Server};
 use decisio::bases;
 use decisio::http::systemone::parse_request;
-use decisio::prompt::{ChatTemplate, TextTokenizer};
+use decisio::prompt::TextTokenizer;
 use decisio::text_route::decide::{render_wire, Question, State};
 use decisio::text_route::systemone::{
-    label_forms, layout_header, letter_codes, one_token_codes, question_text, split_ids,
-    state_text, to_asked, LabelVariants, Layout, NoulRendering, PromptFormat, WireAsk,
-    WireSettings, YES_NO_LABELS,
+    label_forms, layout_header, question_text, split_ids, state_text, to_asked, LabelVariants,
+    Layout, NoulRendering, PromptFormat, WireAsk, WireSettings, YES_NO_LABELS,
 };
 use serde_json::{json, Value};
 use std::time::Duration;
@@ -293,20 +292,14 @@ fn an_api_key_is_asked_for_in_the_wires_shape() {
 fn check_reference_prompts(folder: &str, settings: &WireSettings) -> (usize, usize) {
     let format = settings.format;
     let (mut requests, mut questions) = (0, 0);
-    for (name, dir) in [
-        ("fixture", model_dir()),
-        ("qwen3", asset("qwen3")),
-        ("gemma3", asset("gemma3")),
-    ] {
-        let tokenizer = TextTokenizer::from_file(dir.join("tokenizer.json")).unwrap();
-        let template =
-            ChatTemplate::from_tokenizer_config(dir.join("tokenizer_config.json")).unwrap();
+    for ReferenceTokenizer {
+        name,
+        tokenizer,
+        template,
+        codes,
+    } in common::reference_tokenizers(&format)
+    {
         let encode = |text: &str| tokenizer.encode(text, false).unwrap();
-        let codes = if format.bare_codes() {
-            one_token_codes(&tokenizer, "")
-        } else {
-            letter_codes(&tokenizer)
-        };
         assert_eq!(codes.len(), 255, "{name}: letter codes");
         let file = reference_file(&format!("{folder}{name}.json"));
         let entries: Vec<Value> =

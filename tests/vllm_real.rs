@@ -244,7 +244,7 @@ fn decisions_and_the_wire_agree_with_the_mlx_backend() {
     let _one = one_at_a_time();
     let v = vllm::shared(32);
     // Unpadded on both, so both read the same prompts.
-    let gw = gateway(v, &["--pad-policy", "none"]);
+    let gw = gateway(v, &["--pad-policy", "none", "--over-limit-tokens", "512"]);
     let mlx = Server::start(&[]);
     let options: Vec<String> = (0..200).map(|i| format!("queue {i}")).collect();
     let decide = json!({"state": state_of(200), "questions": [
@@ -307,6 +307,32 @@ fn decisions_and_the_wire_agree_with_the_mlx_backend() {
                 near(id, "score", x, y);
                 near(id, "confidence", x, y);
                 close(id, x, y);
+            }
+        }
+    }
+    // A state over the ceiling, cut on the real vLLM as the reference
+    // decisio cuts it (`over_limit/served-512`, unpadded): the same report,
+    // and the answers of the reference's kept text asked whole.
+    let file = common::reference_file("over_limit/served-512/fixture.json");
+    let entries: Vec<Value> =
+        serde_json::from_str(&std::fs::read_to_string(file).unwrap()).unwrap();
+    for entry in entries.iter().filter(|e| e.get("report").is_some()).take(3) {
+        let mut body = entry["request"].clone();
+        body["over_limit"] = json!("truncate");
+        let cut = ok(gw.post_json("/v1/systemone", &body));
+        for field in ["kept_tokens", "of_tokens", "limit"] {
+            assert_eq!(cut["x_truncated"][field], entry["report"][field], "{cut}");
+        }
+        let whole = json!({"state": entry["state"], "questions": entry["request"]["questions"]});
+        let whole = ok(gw.post_json("/v1/systemone", &whole));
+        assert_eq!(cut["usage"], whole["usage"]);
+        for (id, x) in cut["answers"].as_object().unwrap() {
+            let y = &whole["answers"][id];
+            assert_eq!(x["choice"], y["choice"], "{id}");
+            for field in ["noul", "score", "confidence"] {
+                if x.get(field).is_some() {
+                    near(id, field, x, y);
+                }
             }
         }
     }

@@ -5,7 +5,7 @@ Rust tests read them.
 Usage: python scripts/reference/cache.py REF_DIR [-j JOBS] [--only STEP ...] [--plan]
 
 Each step below (the decisions of the fixture, the prompt conformance
-figures, the System One prompts the reference decisio builds, the Qwen3.6 tokenizer, one tiny conversion per architecture, the
+figures, the System One prompts the reference decisio builds, the over-long states it cuts, the Qwen3.6 tokenizer, one tiny conversion per architecture, the
 tiny tokenizers) names the files and folders it reads. Its digest is the
 SHA-256 of those files' paths and bytes, of its command line, of the
 pins of the Python packages the reference scripts compute with
@@ -132,6 +132,14 @@ def steps():
               MODEL / "tokenizer_config.json", ASSETS / "qwen3", ASSETS / "gemma3"],
              [py, SCRIPTS / "systemone_prompts.py", "{out}", f"fixture={MODEL}",
               f"qwen3={ASSETS / 'qwen3'}", f"gemma3={ASSETS / 'gemma3'}"]),
+        # Over-long states cut by the reference's own code (its
+        # systemone_prompts.py questions and formats).
+        Step("over_limit",
+             [SCRIPTS / "over_limit.py", SCRIPTS / "systemone_prompts.py",
+              ROOT / "scripts" / "requirements-nodeps.txt", MODEL / "tokenizer.json",
+              MODEL / "tokenizer_config.json", ASSETS / "qwen3", ASSETS / "gemma3"],
+             [py, SCRIPTS / "over_limit.py", "{out}", f"fixture={MODEL}",
+              f"qwen3={ASSETS / 'qwen3'}", f"gemma3={ASSETS / 'gemma3'}", "--count", "300"]),
         Step("qwen3_6-tokenizer",
              [SCRIPTS / "qwen3_6_tokenizer.py", ASSETS / "qwen3_6", mmlu],
              [py, SCRIPTS / "qwen3_6_tokenizer.py", "{out}/qwen3_6"]),

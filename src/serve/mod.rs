@@ -177,6 +177,17 @@ pub struct ServeArgs {
     /// as vLLM's flag of the same name. Bounds every generation's length.
     #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(2..))]
     max_model_len: Option<usize>,
+    /// What a System One request whose state does not fit the prompt
+    /// ceiling beside its questions gets, when it does not say
+    /// (`over_limit`): `refuse`d (413, naming its tokens), or its state
+    /// `truncate`d to its start, reported in the response and never
+    /// certified.
+    #[arg(long, value_enum, default_value = "refuse")]
+    over_limit: crate::text_route::over_limit::OverLimit,
+    /// The prompt ceiling, in tokens, a state is cut to under
+    /// `truncate` (default: the context less the one token read).
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(64..))]
+    over_limit_tokens: Option<usize>,
     /// The letters' temperature when neither a request nor a task sets one
     /// (default 1: the model's own probabilities).
     #[arg(long, conflicts_with = "temperature_from")]
@@ -208,8 +219,9 @@ pub struct ServeArgs {
     #[arg(long, value_enum, default_value = "auto")]
     dequantize: Switch,
     /// Compute attention's softmax, the MLP's SiLU, the RMS norms and the
-    /// (llama) rotary embedding with the host kernels instead of MLX's ops: `auto` does when MLX computes on the CPU (its
-    /// `exp` runs one element at a time there) and not on a GPU.
+    /// (llama) rotary embedding with the host kernels instead of MLX's ops:
+    /// `auto` does when MLX computes on the CPU (its `exp` runs one element
+    /// at a time there) and not on a GPU.
     #[arg(long, value_enum, default_value = "auto")]
     host_kernels: Switch,
     /// The folder that keeps registered tasks (default:
@@ -436,6 +448,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
         pass_tokens: args.pass_tokens,
         prefix_cache_mib: prefix_cache_mb,
         max_model_len: args.max_model_len,
+        over_limit: args.over_limit,
+        over_limit_tokens: args.over_limit_tokens,
         letter_temperature: letter_temperature(&args)?,
         ..Limits::default()
     };

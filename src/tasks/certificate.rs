@@ -371,14 +371,17 @@ pub enum Reason {
     NothingCertified,
     ServingStackChanged,
     TrafficChanged,
+    /// The answer was read from a state cut to the prompt ceiling.
+    StateTruncated,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 4] = [
+    pub const ALL: [Reason; 5] = [
         Reason::BelowThreshold,
         Reason::NothingCertified,
         Reason::ServingStackChanged,
         Reason::TrafficChanged,
+        Reason::StateTruncated,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -387,6 +390,7 @@ impl Reason {
             Reason::NothingCertified => "nothing_certified",
             Reason::ServingStackChanged => "serving_stack_changed",
             Reason::TrafficChanged => "traffic_changed",
+            Reason::StateTruncated => "state_truncated",
         }
     }
 }

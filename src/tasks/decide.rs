@@ -22,6 +22,7 @@ use std::time::Instant;
 
 use super::{TaskOutcome, TaskRegistry};
 use crate::stats::abstain;
+use crate::text_route::over_limit::{Cut, OverLimit};
 use crate::text_route::systemone::{
     option_keys, option_set, state_text, task_identity, to_asked, Asked, Kind, WireQuestion,
     WireRequest,
@@ -99,6 +100,9 @@ pub struct SystemOneDecided {
     pub input_tokens: usize,
     /// The seconds the route took to answer.
     pub seconds: f64,
+    /// Where the state was cut to the prompt ceiling (`over_limit`), what
+    /// was kept; `None` where the whole state was read.
+    pub truncated: Option<Cut>,
 }
 
 impl TaskRegistry {
@@ -184,12 +188,17 @@ impl TaskRegistry {
             tasks,
             questions,
         } = self.plan(request);
-        let (text, input_tokens) = self.counted(request, &questions).await?;
+        let mode = request.over_limit.unwrap_or(self.route.limits.over_limit);
+        let (text, input_tokens, truncated) = self
+            .counted(request, &questions, mode)
+            .await
+            .map_err(|e| or_truncate(e, mode))?;
         let started = Instant::now();
         let decision = self
             .route
             .decide_in_orders(text, questions, None, request.orders.unwrap_or(1))
-            .await?;
+            .await
+            .map_err(|e| or_truncate(e, mode))?;
         let seconds = started.elapsed().as_secs_f64();
         let questions = request
             .questions
@@ -200,6 +209,9 @@ impl TaskRegistry {
             .zip(&identities)
             .map(|(((((_, q), asked), answer), task), identity)| {
                 let outcome = match &task {
+                    Some((_, name)) if truncated.is_some() => {
+                        self.outcome_on_cut_state(name, answer)
+                    }
                     // System One sets no temperature of its own.
                     Some((_, name)) => self.outcome(name, answer, false),
                     None => TaskOutcome {
@@ -224,21 +236,28 @@ impl TaskRegistry {
             questions,
             input_tokens,
             seconds,
+            truncated,
         })
     }
 
-    /// The request's state, and its tokens with the questions' as
-    /// rendered. Counted before any work: a state longer than the context
-    /// is refused from its length alone, then the texts are tokenized on
-    /// the blocking pool.
+    /// The request's state (cut to the prompt ceiling where `mode` says
+    /// and it does not fit, [`TextRoute::fit_wire_state`]), its tokens
+    /// with the questions' as rendered, and the cut. Counted before any
+    /// work: under `refuse` a state longer than the context is refused from
+    /// its length alone; then the texts are tokenized on the blocking pool.
+    ///
+    /// [`TextRoute::fit_wire_state`]: crate::text_route::TextRoute::fit_wire_state
     async fn counted(
         &self,
         request: &WireRequest,
         questions: &[Question],
-    ) -> Result<(State, usize), RouteError> {
+        mode: OverLimit,
+    ) -> Result<(State, usize, Option<Cut>), RouteError> {
         let state_text = state_text(&request.state);
-        self.route
-            .check_state_size(&State::Text(state_text.clone()))?;
+        if mode == OverLimit::Refuse {
+            self.route
+                .check_state_size(&State::Text(state_text.clone()))?;
+        }
         let mut texts: Vec<String> = self.route.wire_header(questions).into_iter().collect();
         for q in questions {
             // An intent task's question is its instructions alone.
@@ -248,12 +267,17 @@ impl TaskRegistry {
             });
         }
         let route = self.route.clone();
+        let asked = (mode == OverLimit::Truncate).then(|| questions.to_vec());
         tokio::task::spawn_blocking(move || {
+            let (state_text, cut) = match asked {
+                Some(questions) => route.fit_wire_state(&state_text, &questions)?,
+                None => (state_text, None),
+            };
             let mut n = route.count_state_tokens(&state_text)?;
             for t in &texts {
                 n += route.count_tokens(t)?;
             }
-            Ok((State::Text(state_text), n))
+            Ok((State::Text(state_text), n, cut))
         })
         .await
         .map_err(|e| RouteError::from(EngineError::Model(e.to_string())))?
@@ -292,5 +316,22 @@ impl TaskRegistry {
             .decide_unobserved(text, planned.questions, request.orders.unwrap_or(1))
             .await?;
         Ok((planned.asked, decision.answers))
+    }
+}
+
+/// A state over the context, refused: the error says how to have it cut
+/// instead.
+fn or_truncate(e: RouteError, mode: OverLimit) -> RouteError {
+    match e {
+        RouteError::ContextLength { message, param } if mode == OverLimit::Refuse => {
+            RouteError::ContextLength {
+                message: format!(
+                    "{message} Or send \"over_limit\": \"truncate\" to have the state cut to its \
+                     start."
+                ),
+                param,
+            }
+        }
+        e => e,
     }
 }

@@ -349,6 +349,18 @@ impl TaskRegistry {
     /// `own_temperature`: the request set the temperature, so the answer,
     /// like one averaged over orders, is not what was certified.
     pub fn outcome(&self, name: &str, answer: &Answer, own_temperature: bool) -> TaskOutcome {
+        self.outcome_of(name, answer, own_temperature, false)
+    }
+
+    /// [`TaskRegistry::outcome`] of an answer read from a state cut to the
+    /// prompt ceiling (`over_limit`): never certified (the promise is for
+    /// whole inputs like the examples), and unseen by the task's traffic
+    /// monitor.
+    pub fn outcome_on_cut_state(&self, name: &str, answer: &Answer) -> TaskOutcome {
+        self.outcome_of(name, answer, false, true)
+    }
+
+    fn outcome_of(&self, name: &str, answer: &Answer, own: bool, cut: bool) -> TaskOutcome {
         // The task is looked up once: its prediction sets and certificate.
         let found = {
             let tasks = self.lock();
@@ -364,12 +376,25 @@ impl TaskRegistry {
         let Some((id, sets, cert)) = found else {
             return TaskOutcome::default();
         };
-        let as_certified = !own_temperature && answer.orders == 1;
+        let as_certified = !own && answer.orders == 1;
         TaskOutcome {
             prediction_set: sets.map(|s| s.set(&answer.exact)),
-            verdict: cert.map(|cert| {
-                let answered = (answer.top, answer.confidence());
-                self.verdict((name, id), cert, answered, as_certified)
+            verdict: cert.map(|cert| match cut {
+                true => {
+                    self.metrics
+                        .certified_task_answers
+                        .with_label_values(&[name, Reason::StateTruncated.as_str()])
+                        .inc();
+                    Verdict {
+                        certified: false,
+                        certificate: cert.id,
+                        reason: Some(Reason::StateTruncated),
+                    }
+                }
+                false => {
+                    let answered = (answer.top, answer.confidence());
+                    self.verdict((name, id), cert, answered, as_certified)
+                }
             }),
         }
     }

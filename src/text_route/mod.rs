@@ -12,6 +12,7 @@
 
 pub mod decide;
 mod generate;
+pub mod over_limit;
 pub mod systemone;
 
 use std::sync::Arc;

@@ -113,6 +113,48 @@ pub fn gateway_args(upstream: &str) -> Vec<&str> {
 /// request.
 pub const UPSTREAM_TIMEOUT: &str = "600";
 
+/// A tokenizer the reference decisio's System One prompts were built on
+/// (`make reference`): the fixture's, Qwen3's and Gemma 3's, each with its
+/// chat template and the letter codes a prompt format letters options
+/// with.
+pub struct ReferenceTokenizer {
+    pub name: &'static str,
+    pub tokenizer: decisio::prompt::TextTokenizer,
+    pub template: decisio::prompt::ChatTemplate,
+    pub codes: Vec<(String, u32)>,
+}
+
+/// The [`ReferenceTokenizer`]s, their codes as `format` letters options.
+pub fn reference_tokenizers(
+    format: &decisio::text_route::systemone::PromptFormat,
+) -> Vec<ReferenceTokenizer> {
+    use decisio::text_route::systemone::{letter_codes, one_token_codes};
+    [
+        ("fixture", model_dir()),
+        ("qwen3", asset("qwen3")),
+        ("gemma3", asset("gemma3")),
+    ]
+    .into_iter()
+    .map(|(name, dir)| {
+        let tokenizer =
+            decisio::prompt::TextTokenizer::from_file(dir.join("tokenizer.json")).unwrap();
+        let template =
+            decisio::prompt::ChatTemplate::from_tokenizer_config(dir.join("tokenizer_config.json"))
+                .unwrap();
+        let codes = match format.bare_codes() {
+            true => one_token_codes(&tokenizer, ""),
+            false => letter_codes(&tokenizer),
+        };
+        ReferenceTokenizer {
+            name,
+            tokenizer,
+            template,
+            codes,
+        }
+    })
+    .collect()
+}
+
 /// Reference figures written by `make reference`.
 pub fn reference_file(name: &str) -> PathBuf {
     let dir = std::env::var_os("DECISIO_REFERENCE_DIR")

@@ -36,7 +36,7 @@ use serde_json::{json, Map, Value};
 
 use std::time::Duration;
 
-use super::parse_value;
+use super::parse_example;
 use crate::http::body::{parse, read_bytes};
 use crate::http::error::ApiError;
 use crate::http::fields::task_name;
@@ -135,7 +135,7 @@ fn check(body: &AbstentionRequest, state: &AppState) -> Result<(String, Vec<Chec
     let mut out = Vec::with_capacity(n);
     for (i, e) in body.examples.iter().enumerate() {
         let field = format!("examples[{i}].request");
-        let request = parse_value(e.request.clone()).map_err(|d| {
+        let request = parse_example(e.request.clone()).map_err(|d| {
             let at = d.first().map_or(String::new(), |d| {
                 let loc: Vec<String> = d.loc.iter().skip(1).map(|v| v.to_string()).collect();
                 format!(" (at {}: {})", loc.join("."), d.msg)
@@ -362,7 +362,7 @@ pub async fn status(id: web::Path<String>, state: web::Data<AppState>) -> Result
 /// ([`TaskRegistry::work_abstention`](crate::tasks::TaskRegistry::work_abstention))
 /// is given.
 pub fn read_example(request: Value) -> std::result::Result<WireRequest, String> {
-    parse_value(request).map_err(|d| d.first().map_or("invalid".into(), |d| d.msg.clone()))
+    parse_example(request).map_err(|d| d.first().map_or("invalid".into(), |d| d.msg.clone()))
 }
 
 /// `GET /v1/abstention/tasks`.

@@ -33,10 +33,11 @@ use serde_json::{json, Map, Value};
 
 pub use self::answer::wire_answer;
 pub use self::error::{wire_shaped, Detail, WireError};
-pub use self::request::{parse_one, parse_request, parse_value};
+pub use self::request::{parse_example, parse_one, parse_request, parse_value};
 use super::error::ApiError;
 use super::AppState;
 use crate::prompt::python::CivilTime;
+use crate::text_route::over_limit::Cut;
 use crate::text_route::systemone::WireRequest;
 
 /// The model alias every System One client may send (the SDKs' default).
@@ -62,14 +63,26 @@ pub async fn systemone(
         return Err(ApiError::ModelNotFound(request.model.unwrap_or_default()).into());
     }
     state.ready()?;
-    Ok(HttpResponse::Ok().json(respond(&state, &request).await?))
+    let (body, cut) = respond(&state, &request).await?;
+    let mut response = HttpResponse::Ok();
+    if let Some(cut) = cut {
+        let said = format!(
+            "kept={}; of={}; part={}",
+            cut.kept_tokens, cut.of_tokens, cut.part
+        );
+        response.insert_header(("x-decisio-state-truncated", said));
+    }
+    Ok(response.json(body))
 }
 
 /// Answers a validated request as `POST /v1/systemone` does: the
-/// response body. The decision service decides it
+/// response body, and the cut where the state was cut (`over_limit`). The decision service decides it
 /// ([`TaskRegistry::systemone`](crate::tasks::TaskRegistry::systemone));
 /// this maps its result onto the wire.
-pub async fn respond(state: &AppState, request: &WireRequest) -> Result<Value, WireError> {
+pub async fn respond(
+    state: &AppState,
+    request: &WireRequest,
+) -> Result<(Value, Option<Cut>), WireError> {
     let decided = state.tasks.systemone(request).await?;
     let per_question = decided.seconds / request.questions.len() as f64;
     let mut answers = Map::new();
@@ -119,7 +132,7 @@ pub async fn respond(state: &AppState, request: &WireRequest) -> Result<Value, W
         answers.insert(id.clone(), Value::Object(out));
     }
     let decision = &decided.decision;
-    Ok(json!({
+    let mut out = json!({
         "model": request.model.as_deref().unwrap_or(&state.model_name),
         "answers": answers,
         "usage": {"input_tokens": decided.input_tokens, "output_tokens": request.questions.len()},
@@ -128,7 +141,22 @@ pub async fn respond(state: &AppState, request: &WireRequest) -> Result<Value, W
             "tokens": decision.state.tokens,
             "cached": decision.state.cached,
         },
-    }))
+    });
+    if let Some(cut) = &decided.truncated {
+        state.metrics.states_truncated.inc();
+        state
+            .metrics
+            .state_tokens_dropped
+            .inc_by(cut.dropped() as u64);
+        let name = match state.reference_field_names {
+            true => "state_truncated",
+            false => "x_truncated",
+        };
+        let mut report = serde_json::to_value(cut).unwrap_or_default();
+        report["dropped_tokens"] = json!(cut.dropped());
+        out[name] = report;
+    }
+    Ok((out, decided.truncated))
 }
 
 /// One entry of System One's model list.

@@ -5,6 +5,7 @@ use serde_json::Value;
 
 use super::error::{detail, Detail};
 use crate::text_route::decide::{checked_orders, MAX_ORDERS};
+use crate::text_route::over_limit::OverLimit;
 use crate::text_route::systemone::{
     Criteria, Kind, WireQuestion, WireRequest, CHOICE_OPTIONS, SCORE_LEVELS,
 };
@@ -79,6 +80,23 @@ pub fn parse_value(value: Value) -> Result<WireRequest, Vec<Detail>> {
             k
         }
     };
+    let over_limit = match top.remove("over_limit") {
+        None | Some(Value::Null) => None,
+        Some(v) => {
+            let mode = v.as_str().and_then(OverLimit::from_name);
+            if mode.is_none() {
+                faults.push(detail(
+                    &["over_limit"],
+                    format!(
+                        "`over_limit` must be one of {:?}, or null; got {v}",
+                        OverLimit::NAMES
+                    ),
+                    "value_error",
+                ));
+            }
+            mode
+        }
+    };
     let mut questions = Vec::new();
     match top.remove("questions") {
         None => faults.push(detail(&["questions"], "Field required", "missing")),
@@ -127,9 +145,27 @@ pub fn parse_value(value: Value) -> Result<WireRequest, Vec<Detail>> {
             state,
             questions,
             orders,
+            over_limit,
         })
     } else {
         Err(faults)
+    }
+}
+
+/// A task example's `request` (a registration's, or a certification's),
+/// validated as [`parse_value`] validates a body; `over_limit` is refused:
+/// a registration never cuts a state, so a task is fitted on whole inputs
+/// only.
+pub fn parse_example(value: Value) -> Result<WireRequest, Vec<Detail>> {
+    let request = parse_value(value)?;
+    match request.over_limit {
+        None => Ok(request),
+        Some(_) => Err(vec![detail(
+            &["over_limit"],
+            "`over_limit` is not accepted in a task's example: a registration never cuts a \
+             state; send the example without it",
+            "value_error",
+        )]),
     }
 }
 

@@ -21,7 +21,7 @@ use super::validate::MIN_INTENT_OPTIONS;
 use super::{shown, CertifyIn, Result, TaskExampleIn, TaskRequest};
 use crate::http::body::parse;
 use crate::http::error::ApiError;
-use crate::http::systemone::parse_value;
+use crate::http::systemone::parse_example;
 use crate::http::AppState;
 use crate::tasks::{Status, TaskError, TaskRecord};
 use crate::text_route::systemone::WireRequest;
@@ -120,7 +120,7 @@ impl<'de> Deserialize<'de> for TopKeys {
 /// An example's `request`, read as `/v1/systemone` reads a body, or a
 /// 400 naming `param` with the first fault.
 pub(super) fn example_request(request: &Value, param: &str) -> Result<WireRequest> {
-    parse_value(request.clone()).map_err(|faults| {
+    parse_example(request.clone()).map_err(|faults| {
         ApiError::invalid(
             param,
             format!(

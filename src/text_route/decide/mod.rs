@@ -20,8 +20,8 @@ use serde_json::Value;
 pub use self::answer::{calibrate, calibrated_logprobs, intent_answer};
 pub use self::orders::{checked as checked_orders, rotation, MAX_ORDERS};
 pub use self::render::{
-    packed_block, packed_marker, question_block, render, render_packed, render_wire, Rendered,
-    ANSWER_CUE, PACKED_CUE, PACKED_SEPARATOR,
+    packed_block, packed_marker, question_block, render, render_packed, render_wire,
+    render_wire_text, Rendered, ANSWER_CUE, PACKED_CUE, PACKED_SEPARATOR,
 };
 
 use super::{RouteError, TextRoute};

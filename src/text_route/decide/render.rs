@@ -108,13 +108,41 @@ pub fn render_wire(
     codes: &[String],
     format: &PromptFormat,
 ) -> Result<Rendered, RouteError> {
+    let (text, content) = wire_turn(template, state, q, ask, codes, format)?;
+    split_at_state(text, &content, state, Split::AfterBlankLine)
+}
+
+/// A System One question's whole prompt on a state, unsplit, as
+/// [`render_wire`] renders it: the reference's `user_turn`, which it
+/// measures a row by (a template that trims the turn's content may render
+/// a state too short to split, such as an empty one).
+pub fn render_wire_text(
+    template: &ChatTemplate,
+    state: &State,
+    q: &Question,
+    ask: &WireAsk,
+    codes: &[String],
+    format: &PromptFormat,
+) -> Result<String, RouteError> {
+    wire_turn(template, state, q, ask, codes, format).map(|(text, _)| text)
+}
+
+/// [`render_wire`]'s text, unsplit, with its last turn's content.
+fn wire_turn(
+    template: &ChatTemplate,
+    state: &State,
+    q: &Question,
+    ask: &WireAsk,
+    codes: &[String],
+    format: &PromptFormat,
+) -> Result<(String, String), RouteError> {
     let block = systemone::question_text(ask, q.text.trim(), &q.options, codes);
     let system = format.system_turn.then_some(systemone::SYSTEM_PROMPT);
-    let mut r = render_block(template, state, block, Split::AfterBlankLine, system)?;
+    let (mut text, content) = render_turn(template, state, block, system)?;
     if format.slot == AnswerSlot::Prefill {
-        r.suffix.push_str(systemone::ANSWER_PREFILL);
+        text.push_str(systemone::ANSWER_PREFILL);
     }
-    Ok(r)
+    Ok((text, content))
 }
 
 /// Where a question's prompt splits into the state's prefix and its own
@@ -155,35 +183,26 @@ fn render_block(
     split: Split,
     system: Option<&str>,
 ) -> Result<Rendered, RouteError> {
-    let kwargs = decision_kwargs(template);
-    let (mut messages, content, keep) = match state {
-        State::Text(text) => {
-            let content = format!("{text}\n\n{block}");
-            let keep = match split {
-                Split::AfterState => text.trim_end().len(),
-                Split::AfterBlankLine => text.len() + 2,
-            };
-            (
-                vec![serde_json::json!({"role": "user", "content": content})],
-                content,
-                keep,
-            )
-        }
-        State::Messages(msgs) => {
-            let mut m = msgs.clone();
-            m.push(serde_json::json!({"role": "user", "content": block}));
-            (m, block.clone(), 0)
-        }
+    let (text, content) = render_turn(template, state, block, system)?;
+    split_at_state(text, &content, state, split)
+}
+
+/// Splits a rendered prompt where `state` ends in its last turn's
+/// `content`.
+fn split_at_state(
+    text: String,
+    content: &str,
+    state: &State,
+    split: Split,
+) -> Result<Rendered, RouteError> {
+    let keep = match (state, split) {
+        (State::Text(text), Split::AfterState) => text.trim_end().len(),
+        (State::Text(text), Split::AfterBlankLine) => text.len() + 2,
+        (State::Messages(_), _) => 0,
     };
-    if let Some(system) = system {
-        messages.insert(0, serde_json::json!({"role": "system", "content": system}));
-    }
-    let text = template
-        .render(&messages, true, &kwargs)
-        .map_err(|e| invalid("messages", e.to_string()))?;
     // The question's message content appears verbatim in the rendering;
     // the prefix ends right after the state's last non-blank character.
-    let start = text.rfind(content.as_str()).ok_or_else(|| {
+    let start = text.rfind(content).ok_or_else(|| {
         invalid(
             "state",
             "the chat template changes the message content, so the state cannot be \
@@ -197,6 +216,38 @@ fn render_block(
     })
 }
 
+/// The chat template's rendering of a question block after a state (a
+/// text: one user turn, the state, a blank line and the block; messages:
+/// the block as a last user turn), behind a system turn when `system` is
+/// given, with the generation prompt; and the last turn's content.
+fn render_turn(
+    template: &ChatTemplate,
+    state: &State,
+    block: String,
+    system: Option<&str>,
+) -> Result<(String, String), RouteError> {
+    let kwargs = decision_kwargs(template);
+    let (mut messages, content) = match state {
+        State::Text(text) => {
+            let content = format!("{text}\n\n{block}");
+            let user = serde_json::json!({"role": "user", "content": content});
+            (vec![user], content)
+        }
+        State::Messages(msgs) => {
+            let mut m = msgs.clone();
+            m.push(serde_json::json!({"role": "user", "content": block}));
+            (m, block)
+        }
+    };
+    if let Some(system) = system {
+        messages.insert(0, serde_json::json!({"role": "system", "content": system}));
+    }
+    let text = template
+        .render(&messages, true, &kwargs)
+        .map_err(|e| invalid("messages", e.to_string()))?;
+    Ok((text, content))
+}
+
 impl TextRoute {
     /// Renders a question on a state and splits it where the state ends.
     pub fn render_decision(&self, state: &State, q: &Question) -> Result<Rendered, RouteError> {
@@ -204,6 +255,16 @@ impl TextRoute {
         match &q.wire {
             None => render(&self.template, state, q, &codes),
             Some(ask) => render_wire(&self.template, state, q, ask, &codes, &self.wire.format),
+        }
+    }
+
+    /// A question's whole prompt on `state`, unsplit: [`render_wire_text`]
+    /// for a System One question.
+    pub fn render_whole(&self, state: &State, q: &Question) -> Result<String, RouteError> {
+        let codes = self.code_names(q)?;
+        match &q.wire {
+            None => render(&self.template, state, q, &codes).map(|r| r.prefix + &r.suffix),
+            Some(ask) => render_wire_text(&self.template, state, q, ask, &codes, &self.wire.format),
         }
     }
 

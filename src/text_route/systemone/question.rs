@@ -63,4 +63,7 @@ pub struct WireRequest {
     /// `x_orders`: each question read in this many cyclic orders of its
     /// options and answered from their average (`text_route::decide::orders`).
     pub orders: Option<usize>,
+    /// `over_limit`: what this request's state gets where it is over the
+    /// prompt ceiling (the server's `--over-limit` when absent).
+    pub over_limit: Option<crate::settings::OverLimit>,
 }
