@@ -60,43 +60,10 @@ pub fn parse_value(value: Value) -> Result<WireRequest, Vec<Detail>> {
             Value::Null
         }
     };
-    let orders = match top.remove("x_orders") {
-        None | Some(Value::Null) => None,
-        // An integer, or a float with an integral value (91.0), as JSON
-        // Schema's `integer` reads it; anything else is out of range.
-        Some(v) => {
-            let k = v
-                .as_f64()
-                .filter(|k| k.fract() == 0.0 && k.abs() < 1e15)
-                .map_or(0, |k| k as i64);
-            let k = checked_orders(k).ok();
-            if k.is_none() {
-                faults.push(detail(
-                    &["x_orders"],
-                    format!("`x_orders` must be an integer from 1 to {MAX_ORDERS}; got {v}"),
-                    "value_error",
-                ));
-            }
-            k
-        }
-    };
-    let over_limit = match top.remove("over_limit") {
-        None | Some(Value::Null) => None,
-        Some(v) => {
-            let mode = v.as_str().and_then(OverLimit::from_name);
-            if mode.is_none() {
-                faults.push(detail(
-                    &["over_limit"],
-                    format!(
-                        "`over_limit` must be one of {:?}, or null; got {v}",
-                        OverLimit::NAMES
-                    ),
-                    "value_error",
-                ));
-            }
-            mode
-        }
-    };
+    let orders = top.remove("x_orders").and_then(|v| orders(v, &mut faults));
+    let over_limit = top
+        .remove("over_limit")
+        .and_then(|v| over_limit(v, &mut faults));
     let mut questions = Vec::new();
     match top.remove("questions") {
         None => faults.push(detail(&["questions"], "Field required", "missing")),
@@ -150,6 +117,48 @@ pub fn parse_value(value: Value) -> Result<WireRequest, Vec<Detail>> {
     } else {
         Err(faults)
     }
+}
+
+/// `x_orders`: `null`, or an integer (or a float with an integral value,
+/// 91.0, as JSON Schema's `integer` reads it) from 1 to [`MAX_ORDERS`];
+/// anything else is a fault.
+fn orders(v: Value, faults: &mut Vec<Detail>) -> Option<usize> {
+    if v.is_null() {
+        return None;
+    }
+    let k = v
+        .as_f64()
+        .filter(|k| k.fract() == 0.0 && k.abs() < 1e15)
+        .map_or(0, |k| k as i64);
+    let k = checked_orders(k).ok();
+    if k.is_none() {
+        faults.push(detail(
+            &["x_orders"],
+            format!("`x_orders` must be an integer from 1 to {MAX_ORDERS}; got {v}"),
+            "value_error",
+        ));
+    }
+    k
+}
+
+/// `over_limit`: `null`, `"refuse"` or `"truncate"`; anything else is a
+/// fault.
+fn over_limit(v: Value, faults: &mut Vec<Detail>) -> Option<OverLimit> {
+    if v.is_null() {
+        return None;
+    }
+    let mode = v.as_str().and_then(OverLimit::from_name);
+    if mode.is_none() {
+        faults.push(detail(
+            &["over_limit"],
+            format!(
+                "`over_limit` must be one of {:?}, or null; got {v}",
+                OverLimit::NAMES
+            ),
+            "value_error",
+        ));
+    }
+    mode
 }
 
 /// A task example's `request` (a registration's, or a certification's),
