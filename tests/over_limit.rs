@@ -107,10 +107,12 @@ fn a_state_over_the_ceiling_is_cut_on_both_backends_as_the_reference_cuts_it() {
     // The fixture's MLX server and a vLLM-backend gateway in front of it,
     // each with the ceiling the reference cut these states to.
     let limit = "512";
-    let mlx = Server::start(&["--over-limit-tokens", limit]);
+    // No prefix cache: the kept text asked whole is computed again, not
+    // read back from the cut request's state.
+    let mlx = Server::start(&["--over-limit-tokens", limit, "--prefix-cache-mb", "0"]);
     let url = mlx.url();
     let mut args = common::gateway_args(&url);
-    args.extend(["--over-limit-tokens", limit]);
+    args.extend(["--over-limit-tokens", limit, "--prefix-cache-mb", "0"]);
     let gateway = Server::start(&args);
     let file = reference_file("over_limit/served-512/fixture.json");
     let entries: Vec<Value> =
