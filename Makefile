@@ -16,7 +16,7 @@ DENSE_MODEL := $(DECISIO_CACHE)/models/smollm2-135m-instruct-dense
 OPENBLAS := $(wildcard /usr/lib/$(shell gcc -dumpmachine 2>/dev/null)/libopenblas.so.0)
 PORT ?= 8000
 
-.PHONY: setup serve test check-targets gate reference reference-cached reference-logits cargo-test e2e lint bench bench-tasks bench-letter-bias bench-trust ci-time schemathesis bench-mac bench-profile record-vllm bench-systemone bench-memory bench-heavy bench-over-limit soak
+.PHONY: setup serve test check-targets gate reference reference-cached reference-logits cargo-test e2e lint bench bench-tasks bench-letter-bias bench-trust ci-time schemathesis bench-mac bench-profile record-vllm bench-systemone bench-memory bench-heavy bench-over-limit bench-think soak
 
 setup:
 	@bash scripts/setup.sh
@@ -126,6 +126,10 @@ bench-memory: setup reference
 bench-over-limit: setup
 	cargo build --release --locked --bin decisio --example paired_bars
 	$(PYTHON) scripts/bench/over_limit.py
+
+bench-think: setup
+	cargo build --release --locked --bin decisio --example paired_bars
+	$(PYTHON) scripts/bench/think.py
 
 bench-heavy: setup
 	cargo build --release --locked --bin decisio --example paired_bars

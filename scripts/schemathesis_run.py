@@ -55,7 +55,10 @@ def run_config(name, examples, seed, context, out):
     """One server, one `st run`; a dict of figures."""
     keyed = name == "keyed"
     state = tempfile.mkdtemp(prefix="decisio-st-state-")
-    args = ["--model", str(MODEL), "--max-model-len", str(context), "--state-dir", state]
+    # The shortest reasoning: a generated request may ask to think on every
+    # one of its questions.
+    args = ["--model", str(MODEL), "--max-model-len", str(context), "--state-dir", state,
+            "--think-budget", "16"]
     if keyed:
         args += ["--api-key", API_KEY]
     proc, base = start_server(args)

@@ -17,6 +17,19 @@ use prometheus::{
     IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
+/// The outcomes of `decisio_think_questions_total`: a question thought, or
+/// why it did not (`tasks::NotThought::label`).
+pub const THINK_OUTCOMES: [&str; 8] = [
+    "thought",
+    "sure",
+    "too_many_options",
+    "not_thinking_type",
+    "registered_task",
+    "not_combined",
+    "state_truncated",
+    "no_room",
+];
+
 /// Histogram buckets from 1 ms to about 10 minutes, 2^(1/2) apart (40 buckets).
 fn latency_buckets() -> Vec<f64> {
     exponential_buckets(0.001, std::f64::consts::SQRT_2, 40).expect("valid buckets")
@@ -49,6 +62,19 @@ pub struct Metrics {
     /// State tokens those cuts left out (each state's tokens less those
     /// kept).
     pub state_tokens_dropped: IntCounter,
+    /// System One requests whose header listed fewer of their questions
+    /// (`--header-limit`).
+    pub headers_limited: IntCounter,
+    /// Instruction lines those headers left out.
+    pub header_lines_dropped: IntCounter,
+    /// System One questions of requests that had thinking on, by outcome
+    /// ([`THINK_OUTCOMES`]).
+    pub think_questions: IntCounterVec,
+    /// Tokens of reasoning written.
+    pub think_tokens: IntCounter,
+    /// Seconds a request's reasoning and second reads took, for requests
+    /// where a question thought.
+    pub think_seconds: Histogram,
     pub prefix_cache_hits: IntCounter,
     pub prefix_cache_misses: IntCounter,
     pub prefix_cache_evictions: IntCounter,
@@ -138,6 +164,17 @@ impl Metrics {
             &["type"],
         )
         .expect("metric");
+        let think_seconds = Histogram::with_opts(
+            HistogramOpts::new(
+                "decisio_think_seconds",
+                "Seconds a POST /v1/systemone request's reasoning and second reads took, for \
+             requests where a question thought.",
+            )
+            .buckets(vec![
+                0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 60.0, 120.0, 300.0,
+            ]),
+        )
+        .expect("metric");
         let counter = |name: &str, help: &str| IntCounter::new(name, help).expect("metric");
         let gauge = |name: &str, help: &str| IntGauge::new(name, help).expect("metric");
         let m = Metrics {
@@ -181,6 +218,30 @@ impl Metrics {
                 "decisio_state_tokens_dropped_total",
                 "State tokens left out by those cuts: each state's tokens less those kept.",
             ),
+            headers_limited: counter(
+                "decisio_headers_limited_total",
+                "POST /v1/systemone requests whose header (the header layout's list of the \
+                 request's questions) listed fewer of them to fit the prompt ceiling \
+                 (--header-limit).",
+            ),
+            header_lines_dropped: counter(
+                "decisio_header_lines_dropped_total",
+                "Instruction lines those headers left out.",
+            ),
+            think_questions: IntCounterVec::new(
+                Opts::new(
+                    "decisio_think_questions_total",
+                    "Questions of POST /v1/systemone requests that had thinking on, by outcome: \
+                     thought, or why not.",
+                ),
+                &["outcome"],
+            )
+            .expect("metric"),
+            think_tokens: counter(
+                "decisio_think_tokens_total",
+                "Tokens of reasoning written by questions that thought.",
+            ),
+            think_seconds,
             prefix_cache_hits: counter(
                 "decisio_prefix_cache_hits_total",
                 "State look-ups (one per request) that found the state in the prefix cache.",
@@ -354,6 +415,9 @@ impl Metrics {
         for read in ["generated", "fallback"] {
             m.packed_answers.with_label_values(&[read]);
         }
+        for outcome in THINK_OUTCOMES {
+            m.think_questions.with_label_values(&[outcome]);
+        }
         for kind in ["noul", "choice", "score"] {
             m.wire_questions.with_label_values(&[kind]);
             m.wire_question_seconds.with_label_values(&[kind]);
@@ -375,6 +439,11 @@ impl Metrics {
             Box::new(self.wire_question_seconds.clone()),
             Box::new(self.states_truncated.clone()),
             Box::new(self.state_tokens_dropped.clone()),
+            Box::new(self.headers_limited.clone()),
+            Box::new(self.header_lines_dropped.clone()),
+            Box::new(self.think_questions.clone()),
+            Box::new(self.think_tokens.clone()),
+            Box::new(self.think_seconds.clone()),
             Box::new(self.prefix_cache_hits.clone()),
             Box::new(self.prefix_cache_misses.clone()),
             Box::new(self.prefix_cache_evictions.clone()),

@@ -68,6 +68,12 @@ pub struct Limits {
     /// The prompt ceiling a state is cut to, in tokens, where it is not the
     /// context less one (`--over-limit-tokens`).
     pub over_limit_tokens: Option<usize>,
+    /// Think when unsure on System One (`--think` and its flags).
+    pub think: Think,
+    /// How many of a System One request's questions the header layout
+    /// lists where listing them all would put a row over the prompt
+    /// ceiling (`--header-limit`).
+    pub header_limit: HeaderLimit,
 }
 
 impl Default for Limits {
@@ -98,6 +104,8 @@ impl Default for Limits {
             max_model_len: None,
             over_limit: OverLimit::Refuse,
             over_limit_tokens: None,
+            think: Think::default(),
+            header_limit: HeaderLimit::Auto(None),
         }
     }
 }
@@ -215,6 +223,127 @@ impl OverLimit {
             "refuse" => Some(OverLimit::Refuse),
             "truncate" => Some(OverLimit::Truncate),
             _ => None,
+        }
+    }
+}
+
+/// The System One question types a setting names, in the order the
+/// settings list them.
+pub const WIRE_TYPES: [&str; 3] = ["choice", "noul", "score"];
+
+/// Think when unsure (`docs/running.md`, "Think when unsure"): a System One
+/// question whose served confidence is below its type's threshold times
+/// [`Think::factor`] is read again after the model writes its reasoning.
+/// Per-type values are in the order of [`WIRE_TYPES`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct Think {
+    /// A request that does not say thinks (`--think`); off by default.
+    pub on: bool,
+    /// The factor on the thresholds (`--think-factor`): above 0, at most
+    /// [`Think::MAX_FACTOR`].
+    pub factor: f64,
+    /// The most tokens of reasoning one question writes (`--think-budget`):
+    /// [`Think::MIN_BUDGET`] to [`Think::MAX_BUDGET`].
+    pub budget: usize,
+    /// The types that may think (`--think-types`).
+    pub types: [bool; 3],
+    /// The temperature an answer that thought is served at, per type
+    /// (`--think-temperature-<type>`); none: the type's own.
+    pub temperatures: [Option<f64>; 3],
+    /// The questions of one request whose reasoning is written at once.
+    pub at_once: usize,
+}
+
+impl Think {
+    /// The threshold of each type before the factor: choice 0.75, yes/no
+    /// 0.92, score 0.70 (the reference's `TAU`).
+    pub const THRESHOLDS: [f64; 3] = [0.75, 0.92, 0.70];
+    pub const MAX_FACTOR: f64 = 1.5;
+    pub const MIN_BUDGET: usize = 16;
+    pub const MAX_BUDGET: usize = 4096;
+
+    /// The slot of a type named as [`WIRE_TYPES`] names it.
+    pub fn slot(name: &str) -> Option<usize> {
+        WIRE_TYPES.iter().position(|t| *t == name)
+    }
+
+    /// The types from `--think-types`' list (`choice,noul,score`, any
+    /// order, each at most once, at least one).
+    pub fn parse_types(list: &str) -> Result<[bool; 3], String> {
+        let mut types = [false; 3];
+        for name in list.split(',').map(str::trim) {
+            match Think::slot(name) {
+                Some(i) if !types[i] => types[i] = true,
+                Some(_) => return Err(format!("`{name}` is named twice")),
+                None => {
+                    return Err(format!(
+                        "`{name}` is not a question type; name some of {}",
+                        WIRE_TYPES.join(", ")
+                    ))
+                }
+            }
+        }
+        Ok(types)
+    }
+
+    /// The types that think, by name, in order.
+    pub fn type_names(&self) -> Vec<&'static str> {
+        WIRE_TYPES
+            .iter()
+            .zip(self.types)
+            .filter(|(_, on)| *on)
+            .map(|(t, _)| *t)
+            .collect()
+    }
+}
+
+impl Default for Think {
+    fn default() -> Self {
+        Think {
+            on: false,
+            factor: 1.0,
+            budget: 512,
+            types: [true; 3],
+            temperatures: [None; 3],
+            at_once: 8,
+        }
+    }
+}
+
+/// `--header-limit`: under the header layout, a request whose rows would be
+/// over the prompt ceiling with every question listed lists only as many
+/// of its questions' instructions as fit (`docs/design/systemone.md`, "A
+/// header over the context").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HeaderLimit {
+    /// As many lines as fit beside the state and the longest question; with
+    /// a number, also at most that many tokens of header.
+    Auto(Option<usize>),
+    /// Every line listed: a row over the ceiling is refused.
+    Off,
+}
+
+impl HeaderLimit {
+    /// `auto`, `off`, or a number of tokens of at least 1.
+    pub fn parse(value: &str) -> Result<HeaderLimit, String> {
+        match value.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(HeaderLimit::Auto(None)),
+            "off" => Ok(HeaderLimit::Off),
+            other => match other.parse::<usize>() {
+                Ok(n) if n >= 1 => Ok(HeaderLimit::Auto(Some(n))),
+                _ => Err(format!(
+                    "`{value}`: auto, off, or a number of tokens of at least 1"
+                )),
+            },
+        }
+    }
+
+    /// The setting as the command line writes it.
+    pub fn describe(self) -> String {
+        match self {
+            HeaderLimit::Auto(None) => "auto".into(),
+            HeaderLimit::Auto(Some(n)) => n.to_string(),
+            HeaderLimit::Off => "off".into(),
         }
     }
 }

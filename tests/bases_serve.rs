@@ -816,9 +816,14 @@ fn gemma_4_31b_serves_every_route_feature() {
 /// the same on both backends (within 1e-5: the gateway's softmax of the
 /// upstream's log-probabilities as sent over JSON).
 fn systemone_matrix(base: &str, model: &str, tokenizer: &str) {
-    let mlx = serve(base, model, tokenizer, &[]);
+    // A short reasoning budget and a ceiling a state can pass (neither
+    // touches a request that does not think or cut).
+    let limits = ["--think-budget", "16", "--over-limit-tokens", "4096"];
+    let mlx = serve(base, model, tokenizer, &limits);
     let url = mlx.url();
-    let vllm = serve(base, model, tokenizer, &common::gateway_args(&url));
+    let mut args = common::gateway_args(&url);
+    args.extend(limits);
+    let vllm = serve(base, model, tokenizer, &args);
     // The base's padding, applied alike by both backends: the Qwen base's
     // states front-padded with newlines to its 1,056-token block (the
     // reference decisio's), the Gemma bases' not padded.
@@ -848,6 +853,7 @@ fn systemone_matrix(base: &str, model: &str, tokenizer: &str) {
                       "criteria": ["calm", "annoyed", "angry", "furious", "livid"]},
         }
     });
+    let every_type = body.clone();
     let ask = |s: &Server| {
         let r = s.post_json("/v1/systemone", &body);
         assert_eq!(r.status, 200, "{base}: {}", r.text());
@@ -1079,11 +1085,124 @@ fn systemone_matrix(base: &str, model: &str, tokenizer: &str) {
     assert_eq!(held[0], json!([9, 10, 11, 12]), "{base}");
     assert_eq!(held[0], held[1], "{base}");
 
+    think_and_cut_alike(base, &mlx, &vllm, &every_type);
+
     println!(
         "{base} on {model}: System One answered alike on both backends: team {}, shelf {}, score {:.3}",
         a["answers"]["team"]["choice"], a["answers"]["shelf"]["choice"],
         finite(&a["answers"]["anger"]["score"])
     );
+}
+
+/// Think when unsure and a state cut to the ceiling, on a base's two
+/// backends: `body` (a request of every type, one choice of 255 options)
+/// asked to think: each question thinks, or says why not (the 255 options
+/// are too many; a sure one is at its threshold), and both backends write
+/// the same reasoning and serve the same mix; a state over the 4,096-token
+/// ceiling is cut alike on both, and a cut state does not think.
+fn think_and_cut_alike(base: &str, mlx: &Server, vllm: &Server, body: &Value) {
+    let ask = |s: &Server, body: &Value| {
+        let r = s.post_json_waiting("/v1/systemone", body, std::time::Duration::from_secs(600));
+        assert_eq!(r.status, 200, "{base}: {}", r.text());
+        r.json()
+    };
+    let mut thinking = body.clone();
+    thinking["think"] = json!(true);
+    let (a, b) = (ask(mlx, &thinking), ask(vllm, &thinking));
+    assert_eq!(
+        a["x_thinking"]["per_question"], b["x_thinking"]["per_question"],
+        "{base}"
+    );
+    assert_eq!(a["usage"], b["usage"], "{base}");
+    let thresholds = [("choice", 0.75), ("noul", 0.92), ("score", 0.70)];
+    for (id, x) in a["answers"].as_object().unwrap() {
+        let y = &b["answers"][id];
+        let p: Vec<f64> = match x["type"].as_str().unwrap() {
+            "noul" => vec![finite(&x["noul"]), finite(&y["noul"])],
+            _ => x["probabilities"]
+                .as_object()
+                .unwrap()
+                .values()
+                .map(finite)
+                .collect(),
+        };
+        // A thought answer is read from a longer prompt than a single
+        // read: the two engines' sums drift further apart.
+        if x["type"] == "noul" {
+            assert!((p[0] - p[1]).abs() < 1e-4, "{base} {id}: {x} vs {y}");
+        } else {
+            for (k, v) in x["probabilities"].as_object().unwrap() {
+                assert!(
+                    (finite(v) - finite(&y["probabilities"][k])).abs() < 1e-4,
+                    "{base} {id} {k}"
+                );
+            }
+        }
+        match (id.as_str(), &x["x_thought"]) {
+            ("shelf", _) => assert_eq!(x["x_thought_why"], "more than 16 options", "{base}: {x}"),
+            // Registered above, with an abstention task beside it.
+            ("team", _) => assert_eq!(
+                x["x_thought_why"],
+                "not combined with two-order averaging, abstention or the image route",
+                "{base}: {x}"
+            ),
+            (_, Value::Bool(true)) => {}
+            _ => {
+                assert_eq!(x["x_thought_why"], "sure", "{base} {id}: {x}");
+                let kind = x["type"].as_str().unwrap();
+                let tau = thresholds.iter().find(|(t, _)| *t == kind).unwrap().1;
+                let top = match kind {
+                    "noul" => p[0].max(1.0 - p[0]),
+                    _ => p.iter().copied().fold(0.0, f64::max),
+                };
+                assert!(top >= tau, "{base} {id}: sure at {top}");
+            }
+        }
+    }
+    assert!(
+        a["x_thinking"]["questions"].as_u64().unwrap() >= 1,
+        "{base}: {a}"
+    );
+    assert_eq!(
+        a["usage"]["output_tokens"].as_u64().unwrap(),
+        4 + a["usage"]["x_thinking_tokens"].as_u64().unwrap(),
+        "{base}"
+    );
+    // Over the ceiling: the state cut to its start, alike on both; the
+    // cut request does not think.
+    let mut long = thinking.clone();
+    long["state"]["message"] = json!("My parcel never came. ".repeat(400));
+    long["questions"].as_object_mut().unwrap().remove("shelf");
+    long["over_limit"] = json!("truncate");
+    let (a, b) = (ask(mlx, &long), ask(vllm, &long));
+    assert_eq!(a["x_truncated"], b["x_truncated"], "{base}");
+    let cut = &a["x_truncated"];
+    assert_eq!(cut["limit"], 4096, "{base}: {a}");
+    assert!(
+        cut["kept_tokens"].as_u64().unwrap() < cut["of_tokens"].as_u64().unwrap(),
+        "{base}: {cut}"
+    );
+    for (id, x) in a["answers"].as_object().unwrap() {
+        assert_eq!(
+            x["x_thought_why"], "the state was cut to the prompt ceiling",
+            "{base} {id}"
+        );
+        let y = &b["answers"][id];
+        assert_eq!(x["type"], y["type"]);
+        if let Some(p) = x["probabilities"].as_object() {
+            for (k, v) in p {
+                assert!(
+                    (finite(v) - finite(&y["probabilities"][k])).abs() < 1e-5,
+                    "{base} cut {id} {k}"
+                );
+            }
+        } else {
+            assert!(
+                (finite(&x["noul"]) - finite(&y["noul"])).abs() < 1e-5,
+                "{base} cut {id}"
+            );
+        }
+    }
 }
 
 #[test]

@@ -67,6 +67,7 @@ fn prompts_split_at_the_state_and_tokenize_as_a_whole() {
                 head: None,
                 wire: None,
                 bias: None,
+                listed: true,
             };
             let codes: Vec<String> = LETTERS.iter().map(|l| l.to_string()).collect();
             let r = render(&template, &state, &question, &codes).unwrap();

@@ -337,6 +337,7 @@ fn check_reference_prompts(folder: &str, settings: &WireSettings) -> (usize, usi
                     head: None,
                     wire: Some(asked.ask.clone()),
                     bias: None,
+                    listed: true,
                 };
                 let r =
                     render_wire(&template, &state, &question, &asked.ask, &names, &format).unwrap();

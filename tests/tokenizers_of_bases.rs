@@ -75,6 +75,7 @@ fn mmlu_questions(n: usize) -> Vec<Question> {
                 head: None,
                 wire: None,
                 bias: None,
+                listed: true,
             }
         })
         .collect()

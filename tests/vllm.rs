@@ -225,6 +225,7 @@ fn packed_prompt(st: &Value, n: usize) -> Vec<u32> {
             head: None,
             wire: None,
             bias: None,
+            listed: true,
         })
         .collect();
     let r = render_packed(&template, &state, &qs).unwrap();

@@ -866,3 +866,27 @@ fn a_small_request_is_answered_beside_a_heavy_one() {
         );
     });
 }
+
+#[test]
+fn unsure_questions_think_through_a_real_vllm_as_the_reference_mixes_them() {
+    // Every question unsure (factor 1.5): each is read again after the
+    // real vLLM has written its reasoning, and each answer equals the mix
+    // recomputed from that vLLM's own completions.
+    let _one = one_at_a_time();
+    let v = vllm::shared(32);
+    let budget = common::think::BUDGET.to_string();
+    let gw = gateway(
+        v,
+        &[
+            "--pad-policy",
+            "none",
+            "--think-factor",
+            "1.5",
+            "--think-budget",
+            &budget,
+        ],
+    );
+    let entries = common::think::requests(3);
+    let thought = common::think::check_thinking(&gw, v.port, &entries);
+    assert!(thought >= 6, "{thought} questions thought");
+}

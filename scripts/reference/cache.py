@@ -140,6 +140,13 @@ def steps():
               MODEL / "tokenizer_config.json", ASSETS / "qwen3", ASSETS / "gemma3"],
              [py, SCRIPTS / "over_limit.py", "{out}", f"fixture={MODEL}",
               f"qwen3={ASSETS / 'qwen3'}", f"gemma3={ASSETS / 'gemma3'}", "--count", "300"]),
+        # The header limit planned by the reference's own code.
+        Step("header_limit",
+             [SCRIPTS / "header_limit.py", SCRIPTS / "systemone_prompts.py",
+              ROOT / "scripts" / "requirements-nodeps.txt", MODEL / "tokenizer.json",
+              MODEL / "tokenizer_config.json", ASSETS / "qwen3", ASSETS / "gemma3"],
+             [py, SCRIPTS / "header_limit.py", "{out}", f"fixture={MODEL}",
+              f"qwen3={ASSETS / 'qwen3'}", f"gemma3={ASSETS / 'gemma3'}"]),
         Step("qwen3_6-tokenizer",
              [SCRIPTS / "qwen3_6_tokenizer.py", ASSETS / "qwen3_6", mmlu],
              [py, SCRIPTS / "qwen3_6_tokenizer.py", "{out}/qwen3_6"]),

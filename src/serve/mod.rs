@@ -188,6 +188,42 @@ pub struct ServeArgs {
     /// `truncate` (default: the context less the one token read).
     #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(64..))]
     over_limit_tokens: Option<usize>,
+    /// System One, the header layout: a request whose rows would be over
+    /// the prompt ceiling because the header lists every question's
+    /// instructions lists only the questions that fit, in the request's
+    /// order (none: the plain layout's row), and says so. `auto`: the limit
+    /// is the ceiling; a number: also at most that many tokens of header;
+    /// `off`: such a row is refused.
+    #[arg(long, default_value = "auto", value_parser = crate::settings::HeaderLimit::parse)]
+    header_limit: crate::settings::HeaderLimit,
+    /// System One: think when unsure. A question whose served confidence
+    /// is below its type's threshold (choice 0.75, yes/no 0.92, score 0.70,
+    /// times --think-factor), of at most 16 options and of no registered
+    /// task, is read again after the model has written up to
+    /// --think-budget tokens of reasoning; the two reads are mixed. Off by
+    /// default; a request's `think` field decides for that request.
+    #[arg(long)]
+    think: bool,
+    /// The factor on the think thresholds (above 0, at most 1.5): a lower
+    /// one thinks on fewer questions.
+    #[arg(long, default_value_t = 1.0, value_parser = think_factor)]
+    think_factor: f64,
+    /// The most tokens of reasoning one question writes (16 to 4096).
+    #[arg(long, default_value_t = 512, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(16..=4096))]
+    think_budget: usize,
+    /// The question types that may think, comma separated (default: all).
+    #[arg(long, default_value = "choice,noul,score", value_parser = crate::settings::Think::parse_types)]
+    think_types: [bool; 3],
+    /// The temperature a choice answer that thought is served at (default:
+    /// the type's own).
+    #[arg(long, value_parser = positive)]
+    think_temperature_choice: Option<f64>,
+    /// The temperature a yes/no answer that thought is served at.
+    #[arg(long, value_parser = positive)]
+    think_temperature_noul: Option<f64>,
+    /// The temperature a score answer that thought is served at.
+    #[arg(long, value_parser = positive)]
+    think_temperature_score: Option<f64>,
     /// The letters' temperature when neither a request nor a task sets one
     /// (default 1: the model's own probabilities).
     #[arg(long, conflicts_with = "temperature_from")]
@@ -322,6 +358,26 @@ fn stop_token_ids(model: &Path, tokenizer: &TextTokenizer, template: &ChatTempla
     ids
 }
 
+/// `--think-factor`: above 0, at most 1.5.
+fn think_factor(v: &str) -> Result<f64, String> {
+    let f: f64 = v.parse().map_err(|_| format!("`{v}` is not a number"))?;
+    match f > 0.0 && f <= crate::settings::Think::MAX_FACTOR {
+        true => Ok(f),
+        false => Err(format!(
+            "the factor must be above 0 and at most 1.5; got {f}"
+        )),
+    }
+}
+
+/// A temperature: a positive number.
+fn positive(v: &str) -> Result<f64, String> {
+    let t: f64 = v.parse().map_err(|_| format!("`{v}` is not a number"))?;
+    match t.is_finite() && t > 0.0 {
+        true => Ok(t),
+        false => Err(format!("a temperature must be a positive number; got {t}")),
+    }
+}
+
 /// Reads a conversion's config.json (an empty object when it has none,
 /// which the engine then reports).
 fn read_config(dir: &Path) -> serde_json::Value {
@@ -450,6 +506,19 @@ pub fn run(args: ServeArgs) -> Result<()> {
         max_model_len: args.max_model_len,
         over_limit: args.over_limit,
         over_limit_tokens: args.over_limit_tokens,
+        header_limit: args.header_limit,
+        think: crate::settings::Think {
+            on: args.think,
+            factor: args.think_factor,
+            budget: args.think_budget,
+            types: args.think_types,
+            temperatures: [
+                args.think_temperature_choice,
+                args.think_temperature_noul,
+                args.think_temperature_score,
+            ],
+            ..Default::default()
+        },
         letter_temperature: letter_temperature(&args)?,
         ..Limits::default()
     };

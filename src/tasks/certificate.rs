@@ -373,15 +373,19 @@ pub enum Reason {
     TrafficChanged,
     /// The answer was read from a state cut to the prompt ceiling.
     StateTruncated,
+    /// The header listed fewer of the request's questions than the
+    /// examples' (`--header-limit`).
+    HeaderLimited,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 5] = [
+    pub const ALL: [Reason; 6] = [
         Reason::BelowThreshold,
         Reason::NothingCertified,
         Reason::ServingStackChanged,
         Reason::TrafficChanged,
         Reason::StateTruncated,
+        Reason::HeaderLimited,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -391,6 +395,7 @@ impl Reason {
             Reason::ServingStackChanged => "serving_stack_changed",
             Reason::TrafficChanged => "traffic_changed",
             Reason::StateTruncated => "state_truncated",
+            Reason::HeaderLimited => "header_limited",
         }
     }
 }

@@ -20,8 +20,10 @@
 
 use std::time::Instant;
 
-use super::{TaskOutcome, TaskRegistry};
+use super::certificate::Reason;
+use super::{TaskOutcome, TaskRegistry, Thinking};
 use crate::stats::abstain;
+use crate::text_route::header_limit::HeaderLimited;
 use crate::text_route::over_limit::{Cut, OverLimit};
 use crate::text_route::systemone::{
     option_keys, option_set, state_text, task_identity, to_asked, Asked, Kind, WireQuestion,
@@ -103,6 +105,11 @@ pub struct SystemOneDecided {
     /// Where the state was cut to the prompt ceiling (`over_limit`), what
     /// was kept; `None` where the whole state was read.
     pub truncated: Option<Cut>,
+    /// What the header limit did, where the header lists fewer of the
+    /// request's questions (`--header-limit`).
+    pub header: Option<HeaderLimited>,
+    /// What thinking did, where it was on for the request (`think`).
+    pub thinking: Option<Thinking>,
 }
 
 impl TaskRegistry {
@@ -182,24 +189,49 @@ impl TaskRegistry {
     /// Decides a validated System One request as `POST /v1/systemone`
     /// answers it.
     pub async fn systemone(&self, request: &WireRequest) -> Result<SystemOneDecided, RouteError> {
+        let mut planned = self.plan(request);
+        let mode = request.over_limit.unwrap_or(self.route.limits.over_limit);
+        let Counted {
+            state: text,
+            tokens: input_tokens,
+            cut: truncated,
+            header,
+        } = self
+            .counted(request, &mut planned.questions, mode)
+            .await
+            .map_err(|e| or_truncate(e, mode))?;
+        let started = Instant::now();
+        let think = request.think.unwrap_or(self.route.limits.think.on);
+        let mut decision = self
+            .route
+            .decide_in_orders(
+                text.clone(),
+                planned.questions.clone(),
+                None,
+                request.orders.unwrap_or(1),
+            )
+            .await
+            .map_err(|e| or_truncate(e, mode))?;
+        let thinking = match think {
+            true => Some(
+                self.think(
+                    text,
+                    request,
+                    (&planned.asked, &planned.questions, &planned.tasks),
+                    &mut decision,
+                    truncated.is_some(),
+                )
+                .await?,
+            ),
+            false => None,
+        };
+        let seconds = started.elapsed().as_secs_f64();
         let Planned {
             asked,
             identities,
             tasks,
-            questions,
-        } = self.plan(request);
-        let mode = request.over_limit.unwrap_or(self.route.limits.over_limit);
-        let (text, input_tokens, truncated) = self
-            .counted(request, &questions, mode)
-            .await
-            .map_err(|e| or_truncate(e, mode))?;
-        let started = Instant::now();
-        let decision = self
-            .route
-            .decide_in_orders(text, questions, None, request.orders.unwrap_or(1))
-            .await
-            .map_err(|e| or_truncate(e, mode))?;
-        let seconds = started.elapsed().as_secs_f64();
+            ..
+        } = planned;
         let questions = request
             .questions
             .iter()
@@ -210,7 +242,10 @@ impl TaskRegistry {
             .map(|(((((_, q), asked), answer), task), identity)| {
                 let outcome = match &task {
                     Some((_, name)) if truncated.is_some() => {
-                        self.outcome_on_cut_state(name, answer)
+                        self.outcome_unlike_examples(name, answer, Reason::StateTruncated)
+                    }
+                    Some((_, name)) if header.is_some() => {
+                        self.outcome_unlike_examples(name, answer, Reason::HeaderLimited)
                     }
                     // System One sets no temperature of its own.
                     Some((_, name)) => self.outcome(name, answer, false),
@@ -237,50 +272,70 @@ impl TaskRegistry {
             input_tokens,
             seconds,
             truncated,
+            header,
+            thinking,
         })
     }
 
     /// The request's state (cut to the prompt ceiling where `mode` says
-    /// and it does not fit, [`TextRoute::fit_wire_state`]), its tokens
-    /// with the questions' as rendered, and the cut. Counted before any
-    /// work: under `refuse` a state longer than the context is refused from
-    /// its length alone; then the texts are tokenized on the blocking pool.
+    /// and it does not fit, [`TextRoute::fit_wire_state`]), the header
+    /// limit's plan of the (cut) state, where it lists fewer questions
+    /// ([`TextRoute::header_plan`]; `questions` marked so), its tokens with
+    /// the questions' as rendered, and the cut. Counted before any work:
+    /// under `refuse` a state longer than the context is refused from its
+    /// length alone; then the texts are tokenized on the blocking pool.
     ///
     /// [`TextRoute::fit_wire_state`]: crate::text_route::TextRoute::fit_wire_state
+    /// [`TextRoute::header_plan`]: crate::text_route::TextRoute::header_plan
     async fn counted(
         &self,
         request: &WireRequest,
-        questions: &[Question],
+        questions: &mut Vec<Question>,
         mode: OverLimit,
-    ) -> Result<(State, usize, Option<Cut>), RouteError> {
+    ) -> Result<Counted, RouteError> {
         let state_text = state_text(&request.state);
         if mode == OverLimit::Refuse {
             self.route
                 .check_state_size(&State::Text(state_text.clone()))?;
         }
-        let mut texts: Vec<String> = self.route.wire_header(questions).into_iter().collect();
-        for q in questions {
-            // An intent task's question is its instructions alone.
-            texts.push(match q.head {
-                Some(_) => q.text.clone(),
-                None => self.route.wire_question_text(q)?,
-            });
-        }
         let route = self.route.clone();
-        let asked = (mode == OverLimit::Truncate).then(|| questions.to_vec());
-        tokio::task::spawn_blocking(move || {
-            let (state_text, cut) = match asked {
-                Some(questions) => route.fit_wire_state(&state_text, &questions)?,
-                None => (state_text, None),
-            };
-            let mut n = route.count_state_tokens(&state_text)?;
-            for t in &texts {
-                n += route.count_tokens(t)?;
-            }
-            Ok((State::Text(state_text), n, cut))
+        let mut asked = std::mem::take(questions);
+        let counted = tokio::task::spawn_blocking(move || {
+            let counted = (|| {
+                let (state_text, cut) = match mode {
+                    OverLimit::Truncate => route.fit_wire_state(&state_text, &asked)?,
+                    OverLimit::Refuse => (state_text, None),
+                };
+                let header = route.header_plan(&state_text, &asked)?;
+                if let Some(h) = &header {
+                    for q in asked.iter_mut().skip(h.listed) {
+                        q.listed = false;
+                    }
+                }
+                let mut n = route.count_state_tokens(&state_text)?;
+                if let Some(listed) = route.wire_header(&asked) {
+                    n += route.count_tokens(&listed)?;
+                }
+                for q in &asked {
+                    // An intent task's question is its instructions alone.
+                    n += match q.head {
+                        Some(_) => route.count_tokens(&q.text)?,
+                        None => route.count_tokens(&route.wire_question_text(q)?)?,
+                    };
+                }
+                Ok(Counted {
+                    state: State::Text(state_text),
+                    tokens: n,
+                    cut,
+                    header,
+                })
+            })();
+            (asked, counted)
         })
         .await
-        .map_err(|e| RouteError::from(EngineError::Model(e.to_string())))?
+        .map_err(|e| RouteError::from(EngineError::Model(e.to_string())))?;
+        *questions = counted.0;
+        counted.1
     }
 
     /// The abstention task of a choice question, if one matches and its
@@ -319,11 +374,25 @@ impl TaskRegistry {
     }
 }
 
+/// A request's state as read, its tokens, and what was done to fit it.
+struct Counted {
+    state: State,
+    /// The state's and the questions' tokens as rendered
+    /// (`usage.input_tokens`).
+    tokens: usize,
+    cut: Option<Cut>,
+    header: Option<HeaderLimited>,
+}
+
 /// A state over the context, refused: the error says how to have it cut
 /// instead.
 fn or_truncate(e: RouteError, mode: OverLimit) -> RouteError {
     match e {
-        RouteError::ContextLength { message, param } if mode == OverLimit::Refuse => {
+        // A refusal that names the way out already (the header limit's) is
+        // left as it is.
+        RouteError::ContextLength { message, param }
+            if mode == OverLimit::Refuse && !message.contains("\"over_limit\"") =>
+        {
             RouteError::ContextLength {
                 message: format!(
                     "{message} Or send \"over_limit\": \"truncate\" to have the state cut to its \

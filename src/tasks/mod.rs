@@ -46,6 +46,7 @@ mod recertify;
 mod registry;
 mod report;
 pub mod store;
+mod think;
 mod worker;
 
 use std::collections::{BTreeMap, HashMap};
@@ -56,6 +57,7 @@ use serde::{Deserialize, Serialize};
 pub use self::decide::{Abstained, Ask, Decided, Planned, SystemOneAnswered, SystemOneDecided};
 pub use self::exchange::{Export, Exported};
 pub use self::report::{fit, fit_intent, minimum_holdout, Report, SetsReport};
+pub use self::think::{NotThought, Thinking};
 pub use crate::stats::{calibrate, conformal, head};
 
 use self::store::Store;

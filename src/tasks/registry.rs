@@ -349,18 +349,31 @@ impl TaskRegistry {
     /// `own_temperature`: the request set the temperature, so the answer,
     /// like one averaged over orders, is not what was certified.
     pub fn outcome(&self, name: &str, answer: &Answer, own_temperature: bool) -> TaskOutcome {
-        self.outcome_of(name, answer, own_temperature, false)
+        self.outcome_of(name, answer, own_temperature, None)
     }
 
-    /// [`TaskRegistry::outcome`] of an answer read from a state cut to the
-    /// prompt ceiling (`over_limit`): never certified (the promise is for
-    /// whole inputs like the examples), and unseen by the task's traffic
-    /// monitor.
-    pub fn outcome_on_cut_state(&self, name: &str, answer: &Answer) -> TaskOutcome {
-        self.outcome_of(name, answer, false, true)
+    /// [`TaskRegistry::outcome`] of an answer read from a prompt unlike
+    /// the examples' for `reason`: a state cut to the prompt ceiling
+    /// (`over_limit`), or a header that lists fewer of the request's
+    /// questions (`--header-limit`). Never certified (the promise is for
+    /// whole inputs rendered like the examples), and unseen by the task's
+    /// traffic monitor.
+    pub fn outcome_unlike_examples(
+        &self,
+        name: &str,
+        answer: &Answer,
+        reason: Reason,
+    ) -> TaskOutcome {
+        self.outcome_of(name, answer, false, Some(reason))
     }
 
-    fn outcome_of(&self, name: &str, answer: &Answer, own: bool, cut: bool) -> TaskOutcome {
+    fn outcome_of(
+        &self,
+        name: &str,
+        answer: &Answer,
+        own: bool,
+        unlike: Option<Reason>,
+    ) -> TaskOutcome {
         // The task is looked up once: its prediction sets and certificate.
         let found = {
             let tasks = self.lock();
@@ -379,19 +392,19 @@ impl TaskRegistry {
         let as_certified = !own && answer.orders == 1;
         TaskOutcome {
             prediction_set: sets.map(|s| s.set(&answer.exact)),
-            verdict: cert.map(|cert| match cut {
-                true => {
+            verdict: cert.map(|cert| match unlike {
+                Some(reason) => {
                     self.metrics
                         .certified_task_answers
-                        .with_label_values(&[name, Reason::StateTruncated.as_str()])
+                        .with_label_values(&[name, reason.as_str()])
                         .inc();
                     Verdict {
                         certified: false,
                         certificate: cert.id,
-                        reason: Some(Reason::StateTruncated),
+                        reason: Some(reason),
                     }
                 }
-                false => {
+                None => {
                     let answered = (answer.top, answer.confidence());
                     self.verdict((name, id), cert, answered, as_certified)
                 }

@@ -12,6 +12,7 @@
 
 pub mod decide;
 mod generate;
+pub mod header_limit;
 pub mod over_limit;
 pub mod systemone;
 

@@ -15,6 +15,7 @@
 use serde::Serialize;
 
 use super::{PadPolicy, Question, RouteError, State, TextRoute};
+use crate::settings::HeaderLimit;
 
 pub use crate::settings::OverLimit;
 
@@ -57,7 +58,7 @@ fn is_space(c: char) -> bool {
 
 /// `n` with its thousands grouped by commas (`2,048`), as the reference
 /// writes its counts.
-fn grouped(n: usize) -> String {
+pub(crate) fn grouped(n: usize) -> String {
     let digits = n.to_string();
     let mut out = String::new();
     for (i, d) in digits.chars().enumerate() {
@@ -178,6 +179,22 @@ impl TextRoute {
         text: &str,
         questions: &[Question],
     ) -> Result<(String, Option<Cut>), RouteError> {
+        // Under a header limit the header gives way before the state: the
+        // state is cut for the plain row.
+        let unlisted: Vec<Question>;
+        let questions = match self.limits.header_limit {
+            HeaderLimit::Off => questions,
+            HeaderLimit::Auto(_) => {
+                unlisted = questions
+                    .iter()
+                    .map(|q| Question {
+                        listed: false,
+                        ..q.clone()
+                    })
+                    .collect();
+                &unlisted
+            }
+        };
         let overhead = self.longest_row_without_state(questions)?;
         let reserve = match self.padding {
             PadPolicy::Block(block) => block,

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+pub mod think;
 pub mod vllm;
 
 fn cache_dir() -> PathBuf {

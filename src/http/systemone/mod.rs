@@ -37,7 +37,7 @@ pub use self::request::{parse_example, parse_one, parse_request, parse_value};
 use super::error::ApiError;
 use super::AppState;
 use crate::prompt::python::CivilTime;
-use crate::text_route::over_limit::Cut;
+use crate::tasks::{NotThought, Thinking};
 use crate::text_route::systemone::WireRequest;
 
 /// The model alias every System One client may send (the SDKs' default).
@@ -63,34 +63,32 @@ pub async fn systemone(
         return Err(ApiError::ModelNotFound(request.model.unwrap_or_default()).into());
     }
     state.ready()?;
-    let (body, cut) = respond(&state, &request).await?;
+    let (body, headers) = respond(&state, &request).await?;
     let mut response = HttpResponse::Ok();
-    if let Some(cut) = cut {
-        let said = format!(
-            "kept={}; of={}; part={}",
-            cut.kept_tokens, cut.of_tokens, cut.part
-        );
-        response.insert_header(("x-decisio-state-truncated", said));
+    for header in headers {
+        response.insert_header(header);
     }
     Ok(response.json(body))
 }
 
 /// Answers a validated request as `POST /v1/systemone` does: the
-/// response body, and the cut where the state was cut (`over_limit`). The decision service decides it
+/// response body, and the headers that say what was done beyond a plain
+/// read (a cut state, a header limited, thinking). The decision service decides it
 /// ([`TaskRegistry::systemone`](crate::tasks::TaskRegistry::systemone));
 /// this maps its result onto the wire.
 pub async fn respond(
     state: &AppState,
     request: &WireRequest,
-) -> Result<(Value, Option<Cut>), WireError> {
+) -> Result<(Value, Vec<(&'static str, String)>), WireError> {
     let decided = state.tasks.systemone(request).await?;
     let per_question = decided.seconds / request.questions.len() as f64;
     let mut answers = Map::new();
-    for (((id, q), answered), answer) in request
+    for (i, (((id, q), answered), answer)) in request
         .questions
         .iter()
         .zip(&decided.questions)
         .zip(&decided.decision.answers)
+        .enumerate()
     {
         let a = &answered.asked;
         let mut out = wire_answer(q, a, answer, answered.abstention.as_ref());
@@ -110,6 +108,9 @@ pub async fn respond(
         if let Some(abstention) = &answered.abstention {
             out.insert("x_abstained".into(), json!(abstention.abstained));
             out.insert("x_abstention_task".into(), json!(abstention.task));
+        }
+        if let Some(thinking) = &decided.thinking {
+            out.extend(thought_fields(&thinking.per_question[i]));
         }
         let kind = q.kind.as_str();
         state
@@ -142,6 +143,7 @@ pub async fn respond(
             "cached": decision.state.cached,
         },
     });
+    let mut headers = Vec::new();
     if let Some(cut) = &decided.truncated {
         state.metrics.states_truncated.inc();
         state
@@ -155,8 +157,92 @@ pub async fn respond(
         let mut report = serde_json::to_value(cut).unwrap_or_default();
         report["dropped_tokens"] = json!(cut.dropped());
         out[name] = report;
+        let said = format!(
+            "kept={}; of={}; part={}",
+            cut.kept_tokens, cut.of_tokens, cut.part
+        );
+        headers.push(("x-decisio-state-truncated", said));
     }
-    Ok((out, decided.truncated))
+    if let Some(limited) = &decided.header {
+        state.metrics.headers_limited.inc();
+        state
+            .metrics
+            .header_lines_dropped
+            .inc_by((limited.of - limited.listed) as u64);
+        let name = match state.reference_field_names {
+            true => "header_limited",
+            false => "x_header_limited",
+        };
+        out[name] = serde_json::to_value(limited).unwrap_or_default();
+        headers.push(("x-decisio-layout", limited.header_value()));
+    }
+    if let Some(thinking) = &decided.thinking {
+        let tokens = thinking.tokens();
+        let (report, usage) = match state.reference_field_names {
+            true => ("thinking", "thinking_tokens"),
+            false => ("x_thinking", "x_thinking_tokens"),
+        };
+        out["usage"]["output_tokens"] = json!(request.questions.len() + tokens);
+        out["usage"][usage] = json!(tokens);
+        out[report] = thinking_report(request, thinking);
+        headers.push((
+            "x-decisio-think-ms",
+            format!("{:.1}", thinking.seconds * 1e3),
+        ));
+        headers.push(("x-decisio-think-tokens", tokens.to_string()));
+        observe_thinking(state, thinking);
+    }
+    Ok((out, headers))
+}
+
+/// An answer's `x_thought`, and `x_thought_why` where it did not think.
+fn thought_fields(thought: &Result<usize, NotThought>) -> Map<String, Value> {
+    let mut out = Map::new();
+    out.insert("x_thought".into(), json!(thought.is_ok()));
+    if let Err(why) = thought {
+        out.insert("x_thought_why".into(), json!(why.why()));
+    }
+    out
+}
+
+/// The request's `x_thinking`: the reference's `thinking` report.
+fn thinking_report(request: &WireRequest, thinking: &Thinking) -> Value {
+    let per_question: Map<String, Value> = request
+        .questions
+        .iter()
+        .zip(&thinking.per_question)
+        .map(|((id, _), q)| {
+            let said = match q {
+                Ok(tokens) => json!({"thought": true, "tokens": tokens}),
+                Err(why) => json!({"thought": false, "why": why.why()}),
+            };
+            (id.clone(), said)
+        })
+        .collect();
+    let settings = &thinking.settings;
+    json!({
+        "questions": thinking.questions(),
+        "of": request.questions.len(),
+        "tokens": thinking.tokens(),
+        "ms": (thinking.seconds * 1e4).round() / 10.0,
+        "factor": settings.factor,
+        "budget": settings.budget,
+        "types": settings.type_names(),
+        "per_question": per_question,
+    })
+}
+
+/// Thinking's metrics: each question's outcome, the tokens and the time.
+fn observe_thinking(state: &AppState, thinking: &Thinking) {
+    let m = &state.metrics;
+    for q in &thinking.per_question {
+        let outcome = q.map_or_else(NotThought::label, |_| "thought");
+        m.think_questions.with_label_values(&[outcome]).inc();
+    }
+    m.think_tokens.inc_by(thinking.tokens() as u64);
+    if thinking.questions() > 0 {
+        m.think_seconds.observe(thinking.seconds);
+    }
 }
 
 /// One entry of System One's model list.

@@ -64,6 +64,7 @@ pub fn parse_value(value: Value) -> Result<WireRequest, Vec<Detail>> {
     let over_limit = top
         .remove("over_limit")
         .and_then(|v| over_limit(v, &mut faults));
+    let think = top.remove("think").and_then(|v| think(v, &mut faults));
     let mut questions = Vec::new();
     match top.remove("questions") {
         None => faults.push(detail(&["questions"], "Field required", "missing")),
@@ -113,6 +114,7 @@ pub fn parse_value(value: Value) -> Result<WireRequest, Vec<Detail>> {
             questions,
             orders,
             over_limit,
+            think,
         })
     } else {
         Err(faults)
@@ -161,21 +163,41 @@ fn over_limit(v: Value, faults: &mut Vec<Detail>) -> Option<OverLimit> {
     mode
 }
 
+/// `think`: `null`, `true` or `false`; anything else is a fault.
+fn think(v: Value, faults: &mut Vec<Detail>) -> Option<bool> {
+    match v {
+        Value::Null => None,
+        Value::Bool(b) => Some(b),
+        v => {
+            faults.push(detail(
+                &["think"],
+                format!("`think` must be true, false or null; got {v}"),
+                "bool_type",
+            ));
+            None
+        }
+    }
+}
+
 /// A task example's `request` (a registration's, or a certification's),
-/// validated as [`parse_value`] validates a body; `over_limit` is refused:
-/// a registration never cuts a state, so a task is fitted on whole inputs
-/// only.
+/// validated as [`parse_value`] validates a body; `over_limit` and `think`
+/// are refused: a registration never cuts a state and never thinks, so a
+/// task is fitted on whole inputs read once.
 pub fn parse_example(value: Value) -> Result<WireRequest, Vec<Detail>> {
     let request = parse_value(value)?;
-    match request.over_limit {
-        None => Ok(request),
-        Some(_) => Err(vec![detail(
-            &["over_limit"],
-            "`over_limit` is not accepted in a task's example: a registration never cuts a \
-             state; send the example without it",
-            "value_error",
-        )]),
-    }
+    let (field, what) = match (request.over_limit, request.think) {
+        (None, None) => return Ok(request),
+        (Some(_), _) => ("over_limit", "never cuts a state"),
+        (None, Some(_)) => ("think", "reads each example once, without reasoning"),
+    };
+    Err(vec![detail(
+        &[field],
+        format!(
+            "`{field}` is not accepted in a task's example: a registration {what}; send the \
+             example without it"
+        ),
+        "value_error",
+    )])
 }
 
 /// One System One question outside a request (a task's registration):

@@ -11,6 +11,7 @@ mod answer;
 mod orders;
 mod prepare;
 mod render;
+mod think;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -21,8 +22,9 @@ pub use self::answer::{calibrate, calibrated_logprobs, intent_answer};
 pub use self::orders::{checked as checked_orders, rotation, MAX_ORDERS};
 pub use self::render::{
     packed_block, packed_marker, question_block, render, render_packed, render_wire,
-    render_wire_text, Rendered, ANSWER_CUE, PACKED_CUE, PACKED_SEPARATOR,
+    render_wire_text, render_wire_user_turn, Rendered, ANSWER_CUE, PACKED_CUE, PACKED_SEPARATOR,
 };
+pub use self::think::{mix, Thought, THINK_MAX_OPTIONS, THINK_PREFIX, THINK_SUFFIX};
 
 use super::{RouteError, TextRoute};
 use crate::engine::{
@@ -122,6 +124,10 @@ pub struct Question {
     /// single read before the temperature ([`crate::stats::debias`]); an
     /// answer averaged over rotations has none to remove.
     pub bias: Option<Arc<[f64]>>,
+    /// Listed in the header layout's list of the request's questions
+    /// (`--header-limit` leaves the last out where the list would put a
+    /// row over the prompt ceiling); no header at all when none is.
+    pub listed: bool,
 }
 
 /// How a question's options are named and read: the one lettering every
@@ -164,6 +170,7 @@ impl Question {
             head: None,
             wire: None,
             bias: None,
+            listed: true,
         }
     }
 

@@ -74,13 +74,19 @@ impl TextRoute {
     }
 
     /// The header of a System One request under the header layout (counted
-    /// in `usage.input_tokens`), or `None`.
+    /// in `usage.input_tokens`): the instructions of its questions still
+    /// [`Question::listed`]; `None` where there are none.
     pub fn wire_header(&self, questions: &[Question]) -> Option<String> {
         let wire = questions
             .first()
             .is_some_and(|q| q.lettering() != Lettering::Letters);
-        (wire && self.wire.format.layout == Layout::Header)
-            .then(|| systemone::layout_header(questions.iter().map(|q| q.text.trim())))
+        let listed: Vec<&str> = questions
+            .iter()
+            .filter(|q| q.listed)
+            .map(|q| q.text.trim())
+            .collect();
+        (wire && self.wire.format.layout == Layout::Header && !listed.is_empty())
+            .then(|| systemone::layout_header(listed))
     }
 
     /// Refuses, before anything is rendered or tokenized, a state whose

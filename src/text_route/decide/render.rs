@@ -127,6 +127,24 @@ pub fn render_wire_text(
     wire_turn(template, state, q, ask, codes, format).map(|(text, _)| text)
 }
 
+/// One user turn of `content` as the wire renders a question's (the
+/// system turn where the format has one, `Answer:` under the prefill
+/// slot): the reference's `user_turn(tok, content, fmt)`, which the header
+/// limit measures the template by with an empty content.
+pub fn render_wire_user_turn(
+    template: &ChatTemplate,
+    content: &str,
+    format: &PromptFormat,
+) -> Result<String, RouteError> {
+    let system = format.system_turn.then_some(systemone::SYSTEM_PROMPT);
+    let turn = State::Messages(Vec::new());
+    let (mut text, _) = render_turn(template, &turn, content.to_string(), system)?;
+    if format.slot == AnswerSlot::Prefill {
+        text.push_str(systemone::ANSWER_PREFILL);
+    }
+    Ok(text)
+}
+
 /// [`render_wire`]'s text, unsplit, with its last turn's content.
 fn wire_turn(
     template: &ChatTemplate,

@@ -66,4 +66,7 @@ pub struct WireRequest {
     /// `over_limit`: what this request's state gets where it is over the
     /// prompt ceiling (the server's `--over-limit` when absent).
     pub over_limit: Option<crate::settings::OverLimit>,
+    /// `think`: whether this request's unsure questions think (the
+    /// server's `--think` when absent).
+    pub think: Option<bool>,
 }
