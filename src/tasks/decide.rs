@@ -201,19 +201,20 @@ impl TaskRegistry {
             .await
             .map_err(|e| or_truncate(e, mode))?;
         let started = Instant::now();
+        // Thinking reads the state and the questions again: kept only then.
         let think = request.think.unwrap_or(self.route.limits.think.on);
+        let again = think.then(|| text.clone());
+        let questions = match think {
+            true => planned.questions.clone(),
+            false => std::mem::take(&mut planned.questions),
+        };
         let mut decision = self
             .route
-            .decide_in_orders(
-                text.clone(),
-                planned.questions.clone(),
-                None,
-                request.orders.unwrap_or(1),
-            )
+            .decide_in_orders(text, questions, None, request.orders.unwrap_or(1))
             .await
             .map_err(|e| or_truncate(e, mode))?;
-        let thinking = match think {
-            true => Some(
+        let thinking = match again {
+            Some(text) => Some(
                 self.think(
                     text,
                     request,
@@ -223,7 +224,7 @@ impl TaskRegistry {
                 )
                 .await?,
             ),
-            false => None,
+            None => None,
         };
         let seconds = started.elapsed().as_secs_f64();
         let Planned {
