@@ -140,8 +140,8 @@ def main():
         f"{results['think_seconds']['max']:.2f}); the pair's ratio {results['ratio_seconds']['median']:.2f} "
         f"({results['ratio_seconds']['min']:.2f} to {results['ratio_seconds']['max']:.2f}).",
         "",
-        "The 135M fixture gains or loses little by reasoning; the figures are what it does, not a",
-        "claim for the bases.",
+        "What the 135M fixture did, not a claim for the bases: compare the accuracies' difference with",
+        f"its standard error (about {math.sqrt(0.25 * 0.75 / len(rows)):.3f} at this size).",
     ]
     (out / "summary.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
