@@ -153,7 +153,11 @@ fn a_limited_header_is_served_alike_on_both_backends() {
             assert_eq!(r.status, 200, "#{i}: {}", r.text());
             (r.header("x-decisio-layout").map(str::to_string), r.json())
         };
-        let ((la, a), (lb, b)) = (ask(&mlx), ask(&gateway));
+        // The two servers are asked side by side.
+        let ((la, a), (lb, b)) = std::thread::scope(|scope| {
+            let on_gateway = scope.spawn(|| ask(&gateway));
+            (ask(&mlx), on_gateway.join().unwrap())
+        });
         assert_eq!(
             a["usage"]["input_tokens"], entry["input_tokens"],
             "#{i}: {a}"

@@ -11,7 +11,7 @@ use super::{reference_file, Server};
 const WAIT: Duration = Duration::from_secs(600);
 
 /// The reasoning budget the checks serve with (`--think-budget`).
-pub const BUDGET: usize = 24;
+pub const BUDGET: usize = 16;
 
 /// Reference requests of at most three questions of at most 16 options.
 pub fn requests(n: usize) -> Vec<Value> {
