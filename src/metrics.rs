@@ -104,6 +104,8 @@ pub struct Metrics {
     /// (`generated`: at their position in the answer sheet; `fallback`:
     /// from a teacher-forced prompt, the sheet having broken its format).
     pub packed_answers: IntCounterVec,
+    /// The shared task store's follower (`--task-store`).
+    pub task_store: TaskStoreMetrics,
     /// Examples scored by task registrations.
     pub task_registration_examples: IntCounter,
     /// Registrations finished, by outcome (`ready`, `failed`, `cancelled`).
@@ -406,6 +408,7 @@ impl Metrics {
                 &["kind"],
             )
             .expect("metric"),
+            task_store: TaskStoreMetrics::new(),
             registry,
         };
         // Every outcome is exported from the start, at 0.
@@ -473,7 +476,7 @@ impl Metrics {
             Box::new(self.certified_task_alert.clone()),
             Box::new(self.mlx_memory_bytes.clone()),
         ];
-        for c in all {
+        for c in all.into_iter().chain(self.task_store.collectors()) {
             r.register(c).expect("unique metric names");
         }
     }
@@ -485,6 +488,98 @@ impl Metrics {
             .encode(&self.registry.gather(), &mut out)
             .expect("text encoding");
         String::from_utf8(out).unwrap_or_default()
+    }
+}
+
+/// The metrics of the shared task store (`--task-store`), labelled by
+/// fixed sets: a write's `outcome` (`written`, `conflict`, `unavailable`),
+/// a poll's `result` (`changed`, `unchanged`, `failed`), a change's
+/// `change` (`applied`, `removed`, `refused`).
+#[derive(Clone)]
+pub struct TaskStoreMetrics {
+    /// Whether the last read of the store succeeded.
+    pub ok: IntGauge,
+    /// The manifest version this replica applies.
+    pub manifest_version: IntGauge,
+    /// Seconds since the last successful read of the store.
+    pub last_sync_age: Gauge,
+    /// Seconds from another replica's write of the last change applied
+    /// here to its applying.
+    pub lag: Gauge,
+    pub writes: IntCounterVec,
+    pub polls: IntCounterVec,
+    pub changes: IntCounterVec,
+    /// Registrations taken over from a replica whose claim lapsed.
+    pub takeovers: IntCounter,
+}
+
+impl TaskStoreMetrics {
+    fn new() -> Self {
+        let counters = |name: &str, help: &str, label: &str, values: &[&str]| {
+            let c = IntCounterVec::new(Opts::new(name, help), &[label]).expect("metric");
+            for v in values {
+                c.with_label_values(&[*v]);
+            }
+            c
+        };
+        TaskStoreMetrics {
+            ok: IntGauge::new(
+                "decisio_task_store_ok",
+                "1 when the last read of the shared task store succeeded.",
+            )
+            .expect("metric"),
+            manifest_version: IntGauge::new(
+                "decisio_task_store_manifest_version",
+                "The version of the task store's manifest this replica applies.",
+            )
+            .expect("metric"),
+            last_sync_age: Gauge::new(
+                "decisio_task_store_last_sync_age_seconds",
+                "Seconds since the last successful read of the task store (-1: none yet).",
+            )
+            .expect("metric"),
+            lag: Gauge::new(
+                "decisio_task_store_lag_seconds",
+                "Seconds from the write of the last change another replica made to its applying here.",
+            )
+            .expect("metric"),
+            writes: counters(
+                "decisio_task_store_writes_total",
+                "Writes to the task store, by outcome (written, conflict, unavailable).",
+                "outcome",
+                &["written", "conflict", "unavailable"],
+            ),
+            polls: counters(
+                "decisio_task_store_polls_total",
+                "Reads of the task store's manifest, by result (changed, unchanged, failed).",
+                "result",
+                &["changed", "unchanged", "failed"],
+            ),
+            changes: counters(
+                "decisio_task_store_changes_total",
+                "Task changes read from the store, by what was done (applied, removed, refused).",
+                "change",
+                &["applied", "removed", "refused"],
+            ),
+            takeovers: IntCounter::new(
+                "decisio_task_store_takeovers_total",
+                "Registrations this replica took over after their replica's claim lapsed.",
+            )
+            .expect("metric"),
+        }
+    }
+
+    fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {
+        vec![
+            Box::new(self.ok.clone()),
+            Box::new(self.manifest_version.clone()),
+            Box::new(self.last_sync_age.clone()),
+            Box::new(self.lag.clone()),
+            Box::new(self.writes.clone()),
+            Box::new(self.polls.clone()),
+            Box::new(self.changes.clone()),
+            Box::new(self.takeovers.clone()),
+        ]
     }
 }
 

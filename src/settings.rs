@@ -347,3 +347,38 @@ impl HeaderLimit {
         }
     }
 }
+
+/// How a replica follows the task store it shares with others
+/// (`--task-store`; `docs/design/task-store.md`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TaskStore {
+    /// How often the manifest is read (`--task-store-poll`); a change made
+    /// on one replica is applied on the others within about this long.
+    pub poll: std::time::Duration,
+    /// How long a claim on a registration holds without renewal
+    /// (`--task-store-lease`): a replica that dies while fitting leaves
+    /// the registration to another after this long. Claims are renewed
+    /// four times a lease.
+    pub lease: std::time::Duration,
+    /// How long a removed task's tombstone stays in the manifest
+    /// (`--task-store-tombstone-hours`), so that replicas which have not
+    /// read it yet learn of the removal.
+    pub tombstone: std::time::Duration,
+}
+
+impl TaskStore {
+    /// The bounds of the flags: a poll of 0.05 s to an hour, a lease of
+    /// 1 s to an hour.
+    pub const POLL_SECONDS: (f64, f64) = (0.05, 3600.0);
+    pub const LEASE_SECONDS: (f64, f64) = (1.0, 3600.0);
+}
+
+impl Default for TaskStore {
+    fn default() -> Self {
+        TaskStore {
+            poll: std::time::Duration::from_secs(5),
+            lease: std::time::Duration::from_secs(30),
+            tombstone: std::time::Duration::from_secs(7 * 24 * 3600),
+        }
+    }
+}

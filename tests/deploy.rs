@@ -295,3 +295,51 @@ fn dashboard_names_only_metrics_the_gateway_exports() {
         assert!(seen.contains(name), "{name} is not on the dashboard");
     }
 }
+
+#[test]
+fn the_scaled_profile_puts_replicas_on_one_task_store_behind_a_balancer() {
+    let c = compose();
+    let s = &c["services"];
+    for name in [
+        "task-store",
+        "task-store-bucket",
+        "gateway-replica",
+        "balancer",
+    ] {
+        let profiles = s[name]["profiles"].as_sequence().unwrap();
+        assert!(profiles.iter().any(|p| p == "scaled"), "{name}");
+    }
+    let args: Vec<&str> = s["gateway-replica"]["command"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert!(
+        args.contains(&"--task-store=s3://decisio-tasks/fleet"),
+        "{args:?}"
+    );
+    assert!(args.contains(&"--upstream=http://vllm:8000"), "{args:?}");
+    // Two replicas or more by default, each with a state folder of its own.
+    let replicas = s["gateway-replica"]["deploy"]["replicas"].as_str().unwrap();
+    let default: u32 = replicas
+        .trim_start_matches("${GATEWAY_REPLICAS:-")
+        .trim_end_matches('}')
+        .parse()
+        .unwrap();
+    assert!(default >= 2, "{replicas}");
+    assert!(
+        s["gateway-replica"]["ports"].is_null(),
+        "the balancer publishes, not the replicas"
+    );
+    let env = &s["gateway-replica"]["environment"];
+    assert_eq!(env["AWS_ENDPOINT_URL"], "http://task-store:9000");
+    // The balancer's configuration spreads over the replicas' port.
+    let conf = std::fs::read_to_string(root().join("deploy/nginx/scaled.conf")).unwrap();
+    assert!(
+        conf.contains("server gateway-replica:8080 resolve;"),
+        "{conf}"
+    );
+    let mount = s["balancer"]["volumes"][0].as_str().unwrap();
+    assert!(mount.starts_with("./deploy/nginx/scaled.conf:"), "{mount}");
+}

@@ -21,6 +21,7 @@ mod common;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use common::fleet;
 use common::vllm::{self, RealVllm};
 use common::Server;
 use serde_json::{json, Value};
@@ -34,15 +35,19 @@ fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
 /// A gateway in front of `upstream`, building prompts with the fixture's
 /// tokenizer and template.
 fn gateway(upstream: &RealVllm, extra: &[&str]) -> Server {
+    let extra: Vec<String> = extra.iter().map(|a| a.to_string()).collect();
+    gateway_with(upstream, &extra, &[])
+}
+
+/// [`gateway`] with extra environment variables.
+fn gateway_with(upstream: &RealVllm, extra: &[String], env: &[(&'static str, String)]) -> Server {
     let url = upstream.url();
     let mut args = vec!["--backend", "vllm", "--upstream", url.as_str()];
-    args.extend_from_slice(extra);
-    if !extra.contains(&"--upstream-timeout") {
+    args.extend(extra.iter().map(String::as_str));
+    if !extra.iter().any(|a| a == "--upstream-timeout") {
         args.extend(["--upstream-timeout", common::UPSTREAM_TIMEOUT]);
     }
-    let s = Server::start(&args);
-    s.wait_ready(Duration::from_secs(120));
-    s
+    Server::start_env(&args, env)
 }
 
 fn ok(r: common::Response) -> Value {
@@ -889,4 +894,18 @@ fn unsure_questions_think_through_a_real_vllm_as_the_reference_mixes_them() {
     let entries = common::think::requests(3);
     let thought = common::think::check_thinking(&gw, v.port, &entries);
     assert!(thought >= 6, "{thought} questions thought");
+}
+
+#[test]
+fn vllm_backend_replicas_share_their_tasks_on_s3_and_in_a_folder() {
+    // Three vLLM-backend gateways in front of the real vLLM, on each kind
+    // of store: every check of `common::fleet::check` (the outage where
+    // the store can be cut, a replica killed mid-registration on S3).
+    let _one = one_at_a_time();
+    let v = vllm::shared(32);
+    let start = |args: &[String], env: &[(&'static str, String)]| gateway_with(v, args, env);
+    let s3 = fleet::check(&fleet::Store::s3("vllm"), start, 6, true);
+    eprintln!("s3: {s3:?}");
+    let folder = fleet::check(&fleet::Store::folder(), start, 6, false);
+    eprintln!("folder: {folder:?}");
 }

@@ -288,6 +288,10 @@ impl From<TaskError> for ApiError {
                 code: "task_limit_reached",
             },
             TaskError::Store(m) => ApiError::Internal(m),
+            TaskError::StoreUnavailable(_) => ApiError::Unavailable {
+                message: e.to_string(),
+                code: "task_store_unavailable",
+            },
             TaskError::StackDiffers(message) => ApiError::Conflict {
                 message,
                 param: "stack".into(),

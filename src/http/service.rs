@@ -76,7 +76,11 @@ pub async fn models(state: web::Data<AppState>) -> HttpResponse {
 
 pub async fn health(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     match state.route.status() {
-        EngineStatus::Ready => Ok(HttpResponse::Ok().finish()),
+        // With a shared task store: what this replica applies of it.
+        EngineStatus::Ready => Ok(match state.tasks.store_report() {
+            Some(r) => HttpResponse::Ok().json(serde_json::json!({ "task_store": r })),
+            None => HttpResponse::Ok().finish(),
+        }),
         EngineStatus::Loading => Err(EngineError::Loading.into()),
         EngineStatus::Failed(e) => Err(EngineError::LoadFailed(e).into()),
         EngineStatus::Unavailable(e) => Err(EngineError::UpstreamUnavailable(e).into()),

@@ -24,6 +24,7 @@ use crate::settings::{Limits, UpstreamLimits};
 use crate::tasks::{TaskLimits, TaskRegistry};
 use crate::text_route::{PadPolicy, RouteConfig, TextRoute};
 
+mod task_store;
 mod upstream;
 use upstream::{upstream_model, UpstreamArgs};
 
@@ -264,6 +265,8 @@ pub struct ServeArgs {
     /// $XDG_STATE_HOME/decisio, else ~/.local/state/decisio).
     #[arg(long)]
     state_dir: Option<PathBuf>,
+    #[command(flatten)]
+    task_store: task_store::TaskStoreArgs,
     /// Largest body of a task registration (POST /v1/tasks) in MiB.
     #[arg(long, default_value_t = (Limits::default().max_task_body_bytes >> 20) as u64)]
     max_task_body_mb: u64,
@@ -522,6 +525,8 @@ pub fn run(args: ServeArgs) -> Result<()> {
         letter_temperature: letter_temperature(&args)?,
         ..Limits::default()
     };
+    // A store that cannot be opened stops the start before the model loads.
+    let shared = args.task_store.open()?;
     let metrics = Arc::new(Metrics::new());
     let padding = padding(&args, base)?;
     if !matches!(args.backend, Backend::Vllm) && !args.upstream.upstreams.is_empty() {
@@ -578,6 +583,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         TaskLimits {
             max_tasks: limits.max_tasks,
         },
+        shared,
     )
     .map_err(|e| anyhow::anyhow!("{e}"))?;
     let mut state = AppState::new(

@@ -28,6 +28,8 @@
 //! - [`abstention`]: abstention tasks, a threshold on a declared "can't
 //!   tell" option of a System One choice question.
 //! - [`store`]: the state folder.
+//! - [`shared`]: the task store replicas share (`--task-store`), and
+//!   `sync.rs`, which keeps this server's tasks with it.
 //!
 //! The mathematics (the temperature fit, the figures, the intent head) is
 //! in [`crate::stats`]; [`calibrate`], [`conformal`] and [`head`] name its modules here.
@@ -45,7 +47,9 @@ mod exchange;
 mod recertify;
 mod registry;
 mod report;
+pub mod shared;
 pub mod store;
+mod sync;
 mod think;
 mod worker;
 
@@ -318,6 +322,24 @@ pub struct TaskRecord {
     /// Seconds spent scoring before the last restart.
     #[serde(default)]
     pub seconds: f64,
+    /// The serving stack the task was fitted on (set when it is ready): a
+    /// server of another model, tokenizer or prompt layout keeps the task
+    /// (from a shared store, say) but does not apply it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stack: Option<certificate::Stack>,
+}
+
+impl TaskRecord {
+    /// Queues the registration again (a restart, or a takeover from a
+    /// replica that stopped), counting a restart when it was running, and
+    /// logs `why`.
+    pub(crate) fn requeue(&mut self, why: &str) {
+        if self.status == Status::Running {
+            self.progress.restarts += 1;
+        }
+        self.status = Status::Queued;
+        tracing::info!("task `{}` ({}): {why}", self.spec.name, self.id);
+    }
 }
 
 /// Why a task operation failed.
@@ -346,6 +368,10 @@ pub enum TaskError {
     /// The state folder could not be written.
     #[error("{0}")]
     Store(String),
+    /// The shared task store could not be reached or written: nothing
+    /// was changed (503, with `Retry-After`).
+    #[error("{0}; the change was not made, retry once the task store answers")]
+    StoreUnavailable(String),
     /// An import fitted on another serving stack: a 409.
     #[error("{0}")]
     StackDiffers(String),
@@ -388,4 +414,10 @@ pub struct TaskRegistry {
     route: Arc<TextRoute>,
     metrics: Arc<Metrics>,
     limits: TaskLimits,
+    /// The store the fleet's replicas share (`--task-store`), if any.
+    shared: Option<Arc<shared::Shared>>,
+    /// Tasks whose last version the shared store could not take yet.
+    unpublished: Mutex<std::collections::BTreeSet<String>>,
+    /// Whether the state folder was compared with the shared store.
+    migrated: std::sync::atomic::AtomicBool,
 }

@@ -2,12 +2,13 @@
 //! resuming what a stop cut short), registering, listing, deleting, and
 //! the question a decision naming a task asks.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use super::certificate::{CertificateReport, Reason, Stack, Verdict};
+use super::shared::Shared;
 use super::store::Store;
 use super::{
     Deleted, Example, Kind, Progress, SetsReport, Status, TaskError, TaskLimits, TaskOutcome,
@@ -41,6 +42,7 @@ impl TaskRegistry {
         root: &Path,
         route: Arc<TextRoute>,
         limits: TaskLimits,
+        shared: Option<Shared>,
     ) -> Result<Arc<Self>, String> {
         let store = Store::open(root)?;
         let model = route.info().identity.clone();
@@ -71,15 +73,7 @@ impl TaskRegistry {
                             .into(),
                     );
                 } else {
-                    if record.status == Status::Running {
-                        record.progress.restarts += 1;
-                    }
-                    record.status = Status::Queued;
-                    tracing::info!(
-                        "task `{}` ({}): resuming its registration",
-                        record.spec.name,
-                        record.id
-                    );
+                    record.requeue("resuming its registration");
                 }
                 store.save(&record)?;
             }
@@ -114,8 +108,12 @@ impl TaskRegistry {
             metrics: route.metrics.clone(),
             route,
             limits,
+            shared: shared.map(Arc::new),
+            unpublished: Mutex::new(BTreeSet::new()),
+            migrated: AtomicBool::new(false),
         });
         registry.update_gauges(&registry.lock());
+        registry.start_following()?;
         let worker = registry.clone();
         std::thread::Builder::new()
             .name("task-registration".into())
@@ -190,7 +188,14 @@ impl TaskRegistry {
             error: None,
             report: None,
             seconds: 0.0,
+            stack: None,
         };
+        // On the shared store first: its manifest says whether the name is
+        // the fleet's already.
+        if let Err(e) = self.share_registration(&record, &examples) {
+            let _ = self.store.remove(&record.id);
+            return Err(e);
+        }
         let mut tasks = self.lock();
         // Checked again: another registration may have taken the name meanwhile.
         if let Err(e) =
@@ -231,6 +236,17 @@ impl TaskRegistry {
             .get(id)
             .ok_or_else(|| TaskError::NotFound(id.to_string()))?;
         let cancelled = record.status.pending();
+        // The fleet's tombstone first: nothing is removed here when the
+        // shared store cannot take it.
+        if self.shared.is_some() {
+            drop(tasks);
+            self.share_removal(id)?;
+            tasks = self.lock();
+            if !tasks.contains_key(id) {
+                return Err(TaskError::NotFound(id.to_string()));
+            }
+        }
+        let record = &tasks[id];
         if cancelled {
             // The worker finds the task gone before its next example and
             // stops; what it writes meanwhile is removed after it (`work`).
@@ -583,6 +599,25 @@ impl TaskRegistry {
                     "the task `{name}` was fitted on another model; register it again on this one"
                 ),
             });
+        }
+        // The backend apart: a task answers alike on MLX and on vLLM.
+        if let Some(fitted) = &record.stack {
+            let changed: Vec<&str> = fitted
+                .differences(&self.stack())
+                .into_iter()
+                .filter(|d| *d != "backend")
+                .collect();
+            if !changed.is_empty() {
+                return Err(TaskError::NotReady {
+                    param: param.to_string(),
+                    message: format!(
+                        "the task `{name}` was fitted on another serving stack ({} differ{}); \
+                         register it again on this server",
+                        changed.join(", "),
+                        if changed.len() == 1 { "s" } else { "" }
+                    ),
+                });
+            }
         }
         let head = match record.spec.kind {
             Kind::Choice => None,

@@ -171,6 +171,11 @@ impl Store {
         Ok(store)
     }
 
+    /// The folder of the task files.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     fn files(&self) -> Result<Vec<PathBuf>, String> {
         let mut files: Vec<PathBuf> = fs::read_dir(&self.dir)
             .map_err(|e| format!("cannot list {}: {e}", self.dir.display()))?

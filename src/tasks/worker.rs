@@ -29,7 +29,12 @@ impl TaskRegistry {
             let id = {
                 let mut tasks = self.lock();
                 loop {
-                    if let Some(r) = tasks.values().find(|r| r.status == Status::Queued) {
+                    // With a shared store, only the registrations this
+                    // replica holds the claim of.
+                    if let Some(r) = tasks
+                        .values()
+                        .find(|r| r.status == Status::Queued && self.owns(&r.id))
+                    {
                         break r.id.clone();
                     }
                     tasks = self.wake.wait(tasks).unwrap_or_else(|p| p.into_inner());
@@ -77,6 +82,7 @@ impl TaskRegistry {
         if let Ok(Some(())) = saved {
             tracing::warn!("task `{name}` ({id}): registration failed: {message}");
             self.store.remove_checkpoint(id);
+            self.share_fitted(id);
         }
     }
 
@@ -144,6 +150,7 @@ impl TaskRegistry {
             r.progress.eta_seconds = Some(0.0);
             r.seconds = report.seconds;
             r.report = Some(report);
+            r.stack = Some(self.stack());
             // Counted before the status is published (see `fail`).
             self.metrics
                 .task_registrations
@@ -154,6 +161,7 @@ impl TaskRegistry {
             return Ok(());
         };
         self.store.remove_checkpoint(id);
+        self.share_fitted(id);
         self.metrics.task_registration_rate.set(0.0);
         tracing::info!(
             "task `{}` ({id}): ready, T = {:.4}, holdout ECE {:.4} -> {:.4}",
@@ -281,8 +289,10 @@ impl TaskRegistry {
         Ok((report, head))
     }
 
+    /// Whether the worker goes on with registration `id`: it was neither
+    /// deleted nor taken over by another replica.
     fn pending(&self, id: &str) -> bool {
-        self.lock().get(id).is_some_and(|r| r.status.pending())
+        self.lock().get(id).is_some_and(|r| r.status.pending()) && self.owns(id)
     }
 
     /// The letter logits (an intent task: the hidden state) of one

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+pub mod fleet;
 pub mod think;
 pub mod vllm;
 
@@ -204,6 +205,17 @@ pub struct Server {
 impl Server {
     pub fn start(extra: &[&str]) -> Server {
         let server = Self::spawn(extra);
+        server.wait_ready(Duration::from_secs(120));
+        server
+    }
+
+    /// Like [`Server::start`], with extra environment variables.
+    pub fn start_env(extra: &[&str], env: &[(&str, String)]) -> Server {
+        let env: Vec<(&str, std::ffi::OsString)> =
+            env.iter().map(|(k, v)| (*k, v.into())).collect();
+        let env: Vec<(&str, &std::ffi::OsStr)> =
+            env.iter().map(|(k, v)| (*k, v.as_os_str())).collect();
+        let server = Self::spawn_model(0, model_dir().as_os_str(), &env, extra);
         server.wait_ready(Duration::from_secs(120));
         server
     }

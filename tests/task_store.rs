@@ -1,0 +1,109 @@
+//! Replicas sharing a task store (`--task-store`), served on MLX: three
+//! servers on `moto_server`'s S3 API, and three on a local folder, pass
+//! every check of [`common::fleet::check`]; a server killed while it
+//! writes leaves the store whole. (The vLLM backend's fleet is in
+//! `tests/vllm_real.rs`, in front of a real vLLM.)
+
+mod common;
+
+use std::time::Duration;
+
+use common::fleet::{self, Store};
+use common::Server;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+/// An MLX replica on the fixture model.
+fn replica(args: &[String], env: &[(&'static str, String)]) -> Server {
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    Server::start_env(&args, env)
+}
+
+#[test]
+fn mlx_replicas_share_their_tasks_on_an_s3_store() {
+    let store = Store::s3("fleet");
+    let m = fleet::check(&store, replica, 30, true);
+    eprintln!("s3: {m:?}");
+}
+
+#[test]
+fn mlx_replicas_share_their_tasks_in_a_folder() {
+    let store = Store::folder();
+    let m = fleet::check(&store, replica, 30, true);
+    eprintln!("folder: {m:?}");
+}
+
+/// The store's object of digest `d`, checked against it.
+fn object(store: &Store, d: &str) -> Value {
+    let bytes = store
+        .read(&format!("objects/{d}.json"))
+        .unwrap_or_else(|| panic!("object {d} is missing"));
+    let got: String = Sha256::digest(&bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    assert_eq!(got, d);
+    serde_json::from_slice(&bytes).unwrap()
+}
+
+fn killed_mid_write(store: Store) {
+    // Registrations sent at once to one server, killed while it writes
+    // them: the manifest reads whole, and each task it names is whole.
+    let mut s = replica(&store.args(), &store.env());
+    let (first, answered) = std::sync::mpsc::channel();
+    std::thread::scope(|scope| {
+        for i in 0..12 {
+            let port = s.port;
+            let first = first.clone();
+            scope.spawn(move || {
+                let r = common::request(
+                    port,
+                    "POST",
+                    "/v1/tasks",
+                    &[],
+                    Some(
+                        fleet::registration(&format!("cut-{i}"), 6)
+                            .to_string()
+                            .as_bytes(),
+                    ),
+                );
+                if r.is_ok_and(|r| r.status == 202) {
+                    let _ = first.send(());
+                }
+            });
+        }
+        // Killed once the first registration is in, the others on their way.
+        answered.recv_timeout(Duration::from_secs(60)).unwrap();
+        std::thread::sleep(Duration::from_millis(5));
+        s.kill();
+    });
+    let manifest = store.manifest();
+    let entries = manifest["entries"].as_object().unwrap().clone();
+    for e in entries.values() {
+        let record = object(&store, e["object"].as_str().unwrap());
+        assert_eq!(record["record"]["id"], e["id"]);
+        let examples = object(&store, e["examples"].as_str().unwrap());
+        assert_eq!(examples["examples"].as_array().unwrap().len(), 6);
+    }
+    // A new server on the store has exactly the manifest's tasks, and
+    // fits those left unfinished once their claims lapse.
+    let fresh = replica(&store.args(), &store.env());
+    let names: Vec<String> = entries
+        .values()
+        .map(|e| e["name"].as_str().unwrap().to_string())
+        .collect();
+    fleet::wait_ready(&fresh, &names, Duration::from_secs(120));
+    assert_eq!(fleet::listed(&fresh).len(), names.len());
+    eprintln!(
+        "{} of 12 registrations were in the store when the server was killed",
+        names.len()
+    );
+}
+
+#[test]
+fn a_server_killed_while_it_writes_leaves_the_store_whole() {
+    std::thread::scope(|scope| {
+        scope.spawn(|| killed_mid_write(Store::folder()));
+        scope.spawn(|| killed_mid_write(Store::s3("killed")));
+    });
+}
