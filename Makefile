@@ -16,7 +16,7 @@ DENSE_MODEL := $(DECISIO_CACHE)/models/smollm2-135m-instruct-dense
 OPENBLAS := $(wildcard /usr/lib/$(shell gcc -dumpmachine 2>/dev/null)/libopenblas.so.0)
 PORT ?= 8000
 
-.PHONY: setup serve test check-targets gate reference reference-cached reference-logits cargo-test e2e lint bench bench-tasks bench-letter-bias bench-trust ci-time schemathesis bench-mac bench-profile record-vllm bench-systemone bench-memory bench-heavy bench-over-limit bench-think soak
+.PHONY: setup serve test check-targets gate reference reference-cached reference-logits cargo-test e2e lint bench bench-tasks bench-letter-bias bench-trust ci-time schemathesis bench-mac bench-profile record-vllm bench-systemone bench-memory bench-heavy bench-over-limit bench-think bench-task-store soak
 
 setup:
 	@bash scripts/setup.sh
@@ -130,6 +130,10 @@ bench-over-limit: setup
 bench-think: setup
 	cargo build --release --locked --bin decisio --example paired_bars
 	$(PYTHON) scripts/bench/think.py
+
+bench-task-store: setup
+	cargo build --release --locked --bin decisio --example paired_bars
+	$(PYTHON) scripts/bench/task_store.py
 
 bench-heavy: setup
 	cargo build --release --locked --bin decisio --example paired_bars

@@ -53,10 +53,11 @@ def wait_healthy(port, proc, path="/health", limit=180):
     raise RuntimeError(f"server on port {port} did not become healthy")
 
 
-def start_decisio(model=MODEL, extra=()):
+def start_decisio(model=MODEL, extra=(), env=None):
     """decisio on a free port; without `--state-dir` in `extra`, with a
     fresh state folder of its own (removed when this process ends): the
-    default one may be held by a server already running (`make serve`)."""
+    default one may be held by a server already running (`make serve`).
+    `env`: its environment (default: this process's)."""
     port = free_port()
     extra = list(extra)
     if "--state-dir" not in extra:
@@ -66,7 +67,7 @@ def start_decisio(model=MODEL, extra=()):
     proc = subprocess.Popen(
         [str(DECISIO), "serve", "--model", str(model),
          "--served-model-name", "model", "--port", str(port), *extra],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     wait_healthy(port, proc)
     return proc, port
 

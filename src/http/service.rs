@@ -76,11 +76,14 @@ pub async fn models(state: web::Data<AppState>) -> HttpResponse {
 
 pub async fn health(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     match state.route.status() {
-        // With a shared task store: what this replica applies of it.
-        EngineStatus::Ready => Ok(match state.tasks.store_report() {
-            Some(r) => HttpResponse::Ok().json(serde_json::json!({ "task_store": r })),
-            None => HttpResponse::Ok().finish(),
-        }),
+        // With a shared task store, also what this replica applies of it.
+        EngineStatus::Ready => {
+            let mut body = serde_json::json!({ "status": "ok" });
+            if let Some(r) = state.tasks.store_report() {
+                body["task_store"] = serde_json::to_value(r).unwrap_or_default();
+            }
+            Ok(HttpResponse::Ok().json(body))
+        }
         EngineStatus::Loading => Err(EngineError::Loading.into()),
         EngineStatus::Failed(e) => Err(EngineError::LoadFailed(e).into()),
         EngineStatus::Unavailable(e) => Err(EngineError::UpstreamUnavailable(e).into()),

@@ -52,7 +52,7 @@ pub struct AbstentionTask {
 }
 
 impl TaskRegistry {
-    fn abstention_lock(
+    pub(super) fn abstention_lock(
         &self,
     ) -> std::sync::MutexGuard<'_, std::collections::BTreeMap<String, AbstentionTask>> {
         self.abstention.lock().unwrap_or_else(|p| p.into_inner())
@@ -101,12 +101,13 @@ impl TaskRegistry {
     /// Stores tasks (replacing those of the same ids), saved before they
     /// are served; refused beyond the limit of tasks (256).
     fn store_abstention(&self, new: Vec<AbstentionTask>) -> Result<(), TaskError> {
-        let mut tasks = self.abstention_lock();
-        let mut next = tasks.clone();
-        for t in new {
-            next.insert(t.id.clone(), t);
-        }
-        if next.len() > self.limits.max_tasks {
+        let held = {
+            let tasks = self.abstention_lock();
+            let ids: std::collections::BTreeSet<&String> =
+                tasks.keys().chain(new.iter().map(|t| &t.id)).collect();
+            ids.len()
+        };
+        if held > self.limits.max_tasks {
             return Err(TaskError::Full {
                 param: "id".into(),
                 message: format!(
@@ -115,6 +116,16 @@ impl TaskRegistry {
                     self.limits.max_tasks
                 ),
             });
+        }
+        // The fleet's store first (`--task-store`): nothing is kept here
+        // when it cannot take them.
+        for t in &new {
+            self.share_abstention(t)?;
+        }
+        let mut tasks = self.abstention_lock();
+        let mut next = tasks.clone();
+        for t in new {
+            next.insert(t.id.clone(), t);
         }
         self.store
             .save_abstention(next.values().cloned().collect())
@@ -155,9 +166,14 @@ impl TaskRegistry {
     /// is queued or running); `false` when there is neither.
     pub fn remove_abstention(&self, id: &str) -> Result<bool, TaskError> {
         let job = self.drop_abstention_job(id);
+        if !self.abstention_lock().contains_key(id) {
+            return Ok(job);
+        }
+        // The fleet's tombstone first (`--task-store`).
+        self.share_abstention_removal(id)?;
         let mut tasks = self.abstention_lock();
         if !tasks.contains_key(id) {
-            return Ok(job);
+            return Ok(true);
         }
         let mut next = tasks.clone();
         next.remove(id);

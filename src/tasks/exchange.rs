@@ -108,6 +108,11 @@ impl TaskRegistry {
                 ));
             }
         }
+        // The fleet's store first (it refuses a name another replica
+        // holds); each task there is applied here below.
+        for t in &export.tasks {
+            self.share_version(&t.record, t.head.as_ref())?;
+        }
         let mut tasks = self.lock();
         if tasks.len() + export.tasks.len() > self.limits.max_tasks {
             return Err(TaskError::Full {

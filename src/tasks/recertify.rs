@@ -94,13 +94,21 @@ impl TaskRegistry {
             self.stack(),
             Method::Recertified,
         );
+        let mut updated = record.clone();
+        updated.spec.certify = Some(spec);
+        if let Some(rep) = updated.report.as_mut() {
+            rep.certificate = cert;
+        }
+        // The fleet's store first: nothing changes here when it cannot
+        // take the new certificate.
+        self.share_version(&updated, None)?;
         let mut tasks = self.lock();
         let Some(r) = tasks.get_mut(&record.id) else {
             return Err(TaskError::NotFound(id.to_string()));
         };
-        r.spec.certify = Some(spec);
+        r.spec.certify = updated.spec.certify;
         if let Some(rep) = r.report.as_mut() {
-            rep.certificate = cert;
+            rep.certificate = updated.report.as_ref().and_then(|u| u.certificate.clone());
         }
         self.store.save(r).map_err(TaskError::Store)?;
         let updated = r.clone();

@@ -15,7 +15,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::shared::{Change, Entry, Manifest, Shared, StoreError, Stored};
+use super::abstention::AbstentionTask;
+use super::shared::{key_of, Change, Entry, EntryKind, Manifest, Shared, StoreError, Stored};
 use super::{Example, TaskError, TaskRecord, TaskRegistry};
 
 /// The marker of a state folder whose tasks were written to a store.
@@ -116,6 +117,72 @@ impl TaskRegistry {
                 Err(e.into())
             }
         }
+    }
+
+    /// Writes `record` (with its head, or the one held for it) to the
+    /// store before it is made here (an import, a certificate made
+    /// again): refused, and nothing changed, when the store cannot take
+    /// it.
+    pub(super) fn share_version(
+        &self,
+        record: &TaskRecord,
+        head: Option<&crate::stats::head::Head>,
+    ) -> Result<(), TaskError> {
+        let Some(shared) = &self.shared else {
+            return Ok(());
+        };
+        let head = head
+            .cloned()
+            .or_else(|| self.heads_lock().get(&record.id).map(|h| (**h).clone()));
+        let stored = Stored {
+            format_version: super::FORMAT_VERSION,
+            record: record.clone(),
+            head,
+        };
+        let written = shared.publish(&stored, None);
+        self.count_write(&written);
+        written.map(|_| ()).map_err(TaskError::from)
+    }
+
+    /// Writes an abstention task to the store before it is kept here.
+    pub(super) fn share_abstention(&self, task: &AbstentionTask) -> Result<(), TaskError> {
+        let Some(shared) = &self.shared else {
+            return Ok(());
+        };
+        let written = shared.publish_abstention(task);
+        self.count_write(&written);
+        written.map(|_| ()).map_err(TaskError::from)
+    }
+
+    /// Writes abstention task `id`'s tombstone.
+    pub(super) fn share_abstention_removal(&self, id: &str) -> Result<(), TaskError> {
+        let Some(shared) = &self.shared else {
+            return Ok(());
+        };
+        let written = shared.remove_abstention(id);
+        self.count_write(&written);
+        written.map_err(TaskError::from)
+    }
+
+    /// Keeps abstention task `task` (another replica's) here, or removes
+    /// `id` (`task` `None`), in memory and in the state folder.
+    fn apply_abstention(&self, id: &str, task: Option<AbstentionTask>) {
+        let mut tasks = self.abstention_lock();
+        let mut next = tasks.clone();
+        match task {
+            Some(t) => {
+                next.insert(id.to_string(), t);
+            }
+            None => {
+                if next.remove(id).is_none() {
+                    return;
+                }
+            }
+        }
+        if let Err(e) = self.store.save_abstention(next.values().cloned().collect()) {
+            tracing::warn!("abstention task {id}: not cached in the state folder: {e}");
+        }
+        *tasks = next;
     }
 
     /// Writes the result of a registration fitted here, unless another
@@ -250,6 +317,19 @@ impl TaskRegistry {
                 }
                 Change::Remove { id } => {
                     self.remove_here(&id);
+                    m.task_store.changes.with_label_values(&["removed"]).inc();
+                }
+                Change::ApplyAbstention { entry, task } => {
+                    tracing::info!(
+                        "abstention task `{}`: version {} applied from the task store",
+                        entry.id,
+                        entry.version
+                    );
+                    self.apply_abstention(&entry.id, Some(*task));
+                    m.task_store.changes.with_label_values(&["applied"]).inc();
+                }
+                Change::RemoveAbstention { id } => {
+                    self.apply_abstention(&id, None);
                     m.task_store.changes.with_label_values(&["removed"]).inc();
                 }
                 Change::Refused {
@@ -412,6 +492,26 @@ impl TaskRegistry {
                     // Tried again at the next start.
                     return;
                 }
+            }
+        }
+        let local: Vec<AbstentionTask> = self
+            .abstention_tasks()
+            .into_iter()
+            .filter(|t| {
+                !manifest
+                    .entries
+                    .contains_key(&key_of(EntryKind::Abstention, &t.id))
+            })
+            .collect();
+        for t in local {
+            if !first {
+                self.apply_abstention(&t.id, None);
+            } else if let Err(e) = self.share_abstention(&t) {
+                tracing::warn!(
+                    "abstention task `{}`: not moved to the task store: {e}",
+                    t.id
+                );
+                return;
             }
         }
         let note = serde_json::json!({"store": self.shared.as_ref().map(|s| s.label.clone())});

@@ -364,6 +364,7 @@ pub fn check(
     }
     let health = get(&fleet[1], "/health").json();
     assert_eq!(health["task_store"]["ok"], true, "{health}");
+    abstention(&fleet);
 
     // Sent at once across the three: each fitted once, all present.
     let names: Vec<String> = (0..at_once).map(|i| format!("at-once-{i}")).collect();
@@ -377,13 +378,19 @@ pub fn check(
         wait_ready(s, &names, long);
     }
     let manifest = store.manifest();
-    let entries = manifest["entries"].as_object().unwrap();
+    let entries: Vec<&Value> = manifest["entries"]
+        .as_object()
+        .unwrap()
+        .values()
+        .filter(|e| e["kind"] == "task")
+        .collect();
     assert_eq!(entries.len(), at_once + 1, "{manifest}");
-    assert!(entries.values().all(|e| e["status"] == "ready"));
-    // Two writes a registration: queued, then ready.
+    assert!(entries.iter().all(|e| e["status"] == "ready"));
+    // Two writes a registration (queued, then ready), and the abstention
+    // task's two (its version, its tombstone).
     measured.manifest_version = manifest["version"].as_u64().unwrap();
     measured.at_once = at_once;
-    assert_eq!(measured.manifest_version, 2 * (at_once as u64 + 1));
+    assert_eq!(measured.manifest_version, 2 * (at_once as u64 + 1) + 2);
     let fitted: f64 = fleet.iter().map(ready_count).sum();
     assert_eq!(
         fitted,
@@ -434,6 +441,65 @@ pub fn check(
         take_over(&mut fleet);
     }
     measured
+}
+
+/// An abstention task registered on B: listed alike on A and C, and the
+/// same answers there; removed on A, gone from B and C.
+fn abstention(fleet: &[Server]) {
+    let city = json!({"type": "choice", "instructions": "Which city is the customer writing about?",
+                      "criteria": {"paris": "Paris, France", "london": "London, England",
+                                   "unsure": "the message names no city"}});
+    let cases = [
+        ("My hotel in Paris lost my booking.", json!("paris")),
+        ("The Louvre tickets never arrived.", json!("paris")),
+        ("My London hotel overcharged me.", json!("london")),
+        ("The British Museum tickets never arrived.", json!("london")),
+        ("I want to change my password.", Value::Null),
+        ("Please send me the invoice again.", Value::Null),
+    ];
+    let ask = |m: &str| json!({"state": {"message": m}, "questions": {"city": city}});
+    let examples: Vec<Value> = cases
+        .iter()
+        .map(|(m, a)| json!({"request": ask(m), "answer": a}))
+        .collect();
+    let r = fleet[1].post_json(
+        "/v1/abstention/tasks",
+        &json!({"id": "city-unsure", "option": {"key": "unsure"}, "match": "option_set",
+                "examples": examples}),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    let listed = |s: &Server| get(s, "/v1/abstention/tasks").json()["tasks"].clone();
+    let on_b = listed(&fleet[1]);
+    assert_eq!(on_b.as_array().unwrap().len(), 1, "{on_b}");
+    super::wait_until(
+        "the abstention task is listed alike everywhere",
+        Duration::from_secs(30),
+        || fleet.iter().all(|s| listed(s) == on_b),
+    );
+    let state = ask("Where do I update my card details?");
+    let answered: Vec<Value> = fleet
+        .iter()
+        .map(|s| {
+            let r = s.post_json("/v1/systemone", &state);
+            assert_eq!(r.status, 200, "{}", r.text());
+            r.json()["answers"]["city"].clone()
+        })
+        .collect();
+    assert_eq!(answered[0], answered[1]);
+    assert_eq!(answered[2], answered[1]);
+    let r = fleet[0]
+        .request("DELETE", "/v1/abstention/tasks/city-unsure", &[], None)
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    super::wait_until(
+        "the abstention task is gone everywhere",
+        Duration::from_secs(30),
+        || {
+            fleet
+                .iter()
+                .all(|s| listed(s).as_array().unwrap().is_empty())
+        },
+    );
 }
 
 /// The store out of reach: writes answered 503 with `Retry-After` and

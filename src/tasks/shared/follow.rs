@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use super::{now_ms, Change, Manifest, Shared, StoreError};
+use super::{now_ms, Change, EntryKind, Manifest, Shared, StoreError};
 use crate::tasks::Status;
 
 impl Shared {
@@ -45,16 +45,25 @@ impl Shared {
                 continue;
             }
             if e.deleted {
-                changes.push(Change::Remove { id: e.id.clone() });
+                changes.push(removal(e.kind, &e.id));
                 seen.insert(k.clone(), e.version);
                 continue;
             }
-            match self.get_task(e) {
-                Ok(stored) => {
-                    changes.push(Change::Apply {
+            let read = match e.kind {
+                EntryKind::Task => self.get_task(e).map(|stored| Change::Apply {
+                    entry: e.clone(),
+                    stored: Box::new(stored),
+                }),
+                EntryKind::Abstention => {
+                    self.get_abstention(e).map(|task| Change::ApplyAbstention {
                         entry: e.clone(),
-                        stored: Box::new(stored),
-                    });
+                        task: Box::new(task),
+                    })
+                }
+            };
+            match read {
+                Ok(change) => {
+                    changes.push(change);
                     seen.insert(k.clone(), e.version);
                 }
                 Err(StoreError::Refused { reason, message }) => {
@@ -77,7 +86,9 @@ impl Shared {
         for (k, v) in &applied {
             if *v > 0 && !manifest.entries.contains_key(k) {
                 if let Some(id) = k.strip_prefix("task/") {
-                    changes.push(Change::Remove { id: id.to_string() });
+                    changes.push(removal(EntryKind::Task, id));
+                } else if let Some(id) = k.strip_prefix("abstention/") {
+                    changes.push(removal(EntryKind::Abstention, id));
                 }
             }
         }
@@ -104,10 +115,7 @@ impl Shared {
         f.manifest_version = manifest.version;
         f.synced = Some(Instant::now());
         f.last_error = None;
-        if changes
-            .iter()
-            .any(|c| matches!(c, Change::Apply { .. } | Change::Remove { .. }))
-        {
+        if changes.iter().any(|c| !matches!(c, Change::Refused { .. })) {
             f.lag_seconds = Some(now_ms().saturating_sub(manifest.updated_ms) as f64 / 1000.0);
         }
         Ok(Some((manifest, changes)))
@@ -146,4 +154,13 @@ pub struct Report {
     pub last_error: Option<String>,
     /// Registrations this replica fits for the fleet.
     pub claims: usize,
+}
+
+/// The change that removes entry `id` of `kind` here.
+fn removal(kind: EntryKind, id: &str) -> Change {
+    let id = id.to_string();
+    match kind {
+        EntryKind::Task => Change::Remove { id },
+        EntryKind::Abstention => Change::RemoveAbstention { id },
+    }
 }

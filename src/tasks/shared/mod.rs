@@ -31,6 +31,7 @@
 //! This module is the store's protocol; `src/tasks/sync.rs` applies what it
 //! reads to a server's tasks.
 
+mod abstention;
 mod claims;
 mod follow;
 pub mod objects;
@@ -44,7 +45,9 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+pub use self::abstention::StoredAbstention;
 use self::objects::{Fault, Got, Objects, Tag, Write};
+use super::abstention::AbstentionTask;
 use super::{Example, Status, TaskRecord, FORMAT_VERSION};
 use crate::settings::TaskStore as Settings;
 use crate::stats::head::Head;
@@ -74,9 +77,30 @@ pub fn digest(bytes: &[u8]) -> String {
         .collect()
 }
 
+/// What an entry holds: a task (`/v1/tasks`), or an abstention task
+/// (`/v1/abstention/tasks`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EntryKind {
+    #[default]
+    Task,
+    Abstention,
+}
+
+impl EntryKind {
+    fn as_str(self) -> &'static str {
+        match self {
+            EntryKind::Task => "task",
+            EntryKind::Abstention => "abstention",
+        }
+    }
+}
+
 /// One task's line in the manifest.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Entry {
+    #[serde(default)]
+    pub kind: EntryKind,
     pub id: String,
     /// The task's name (a name is one task's across the fleet).
     pub name: String,
@@ -130,7 +154,7 @@ impl Manifest {
     pub fn named(&self, name: &str, id: &str) -> Option<&Entry> {
         self.entries
             .values()
-            .find(|e| !e.deleted && e.name == name && e.id != id)
+            .find(|e| e.kind == EntryKind::Task && !e.deleted && e.name == name && e.id != id)
     }
 
     fn referenced(&self) -> HashSet<String> {
@@ -143,7 +167,12 @@ impl Manifest {
 
 /// The key of task `id` in the manifest.
 pub fn key(id: &str) -> String {
-    format!("task/{id}")
+    key_of(EntryKind::Task, id)
+}
+
+/// The key of an entry of `kind` and `id`: `task/<id>`, `abstention/<id>`.
+pub fn key_of(kind: EntryKind, id: &str) -> String {
+    format!("{}/{id}", kind.as_str())
 }
 
 /// One version of a task as its object holds it: the record (spec,
@@ -170,6 +199,14 @@ struct Claim {
     task: String,
     owner: String,
     expires_ms: u64,
+}
+
+/// What a manifest line names, for a write.
+pub(super) struct Line<'a> {
+    pub(super) kind: EntryKind,
+    pub(super) id: &'a str,
+    pub(super) name: &'a str,
+    pub(super) status: Option<Status>,
 }
 
 /// Why a store operation failed.
@@ -226,6 +263,13 @@ pub enum Change {
         stored: Box<Stored>,
     },
     Remove {
+        id: String,
+    },
+    ApplyAbstention {
+        entry: Entry,
+        task: Box<AbstentionTask>,
+    },
+    RemoveAbstention {
         id: String,
     },
     /// The entry's object could not be used; the others are applied.
@@ -378,7 +422,7 @@ impl Shared {
     }
 
     /// The object of digest `d`, checked against it.
-    fn get_object(&self, d: &str) -> Result<Vec<u8>, StoreError> {
+    pub(super) fn get_object(&self, d: &str) -> Result<Vec<u8>, StoreError> {
         let got = self
             .objects
             .get(&format!("objects/{d}.json"), None)
@@ -450,43 +494,60 @@ impl Shared {
     /// when the store holds another version of it, or another task holds
     /// its name.
     pub fn publish(&self, stored: &Stored, examples: Option<String>) -> Result<u64, StoreError> {
-        let bytes =
-            serde_json::to_vec(stored).map_err(|e| StoreError::Unavailable(e.to_string()))?;
-        let object = self.put_object(&bytes)?;
         let record = &stored.record;
-        let k = key(&record.id);
+        let line = Line {
+            kind: EntryKind::Task,
+            id: &record.id,
+            name: &record.spec.name,
+            status: Some(record.status),
+        };
+        self.publish_entry(line, stored, examples)
+    }
+
+    pub(super) fn publish_entry(
+        &self,
+        line: Line<'_>,
+        object: &impl Serialize,
+        examples: Option<String>,
+    ) -> Result<u64, StoreError> {
+        let bytes =
+            serde_json::to_vec(object).map_err(|e| StoreError::Unavailable(e.to_string()))?;
+        let object = self.put_object(&bytes)?;
+        let (id, what) = (line.id, line.kind.as_str());
+        let k = key_of(line.kind, id);
         self.write(|manifest, applied| {
-            if let Some(other) = manifest.named(&record.spec.name, &record.id) {
-                return Err(StoreError::Conflict {
-                    param: "name".into(),
-                    message: format!(
-                        "a task named `{}` was registered on another replica meanwhile (task {}, \
-                         version {}; this write: task {}); DELETE it first or choose another name",
-                        record.spec.name, other.id, other.version, record.id
-                    ),
-                });
+            if line.kind == EntryKind::Task {
+                if let Some(other) = manifest.named(line.name, id) {
+                    return Err(StoreError::Conflict {
+                        param: "name".into(),
+                        message: format!(
+                            "a task named `{}` was registered on another replica meanwhile \
+                             (task {}, version {}; this write: task {id}); DELETE it first or \
+                             choose another name",
+                            line.name, other.id, other.version
+                        ),
+                    });
+                }
             }
             let old = manifest.entries.get(&k);
             let (store_v, deleted) = old.map_or((0, false), |e| (e.version, e.deleted));
             let mine = applied.get(&k).copied().unwrap_or(0);
-            if store_v != mine || deleted {
+            if store_v != mine || (deleted && line.kind == EntryKind::Task) {
                 return Err(StoreError::Conflict {
                     param: "id".into(),
                     message: format!(
-                        "task {}: the shared store holds version {store_v}{}, not version {mine} \
-                         that this write replaces; read the task again (GET /v1/tasks/{}) and \
-                         send the change again",
-                        record.id,
+                        "{what} {id}: the shared store holds version {store_v}{}, not version \
+                         {mine} that this write replaces; read it again and send the change again",
                         if deleted { " (deleted)" } else { "" },
-                        record.id
                     ),
                 });
             }
             let entry = Entry {
-                id: record.id.clone(),
-                name: record.spec.name.clone(),
+                kind: line.kind,
+                id: id.to_string(),
+                name: line.name.to_string(),
                 version: store_v + 1,
-                status: Some(record.status),
+                status: line.status,
                 object: Some(object.clone()),
                 examples: examples
                     .clone()
@@ -504,7 +565,13 @@ impl Shared {
     /// Writes task `id`'s tombstone; nothing when the store has no live
     /// version of it.
     pub fn remove(&self, id: &str) -> Result<(), StoreError> {
-        let k = key(id);
+        self.remove_entry(EntryKind::Task, id)?;
+        self.release(id);
+        Ok(())
+    }
+
+    pub(super) fn remove_entry(&self, kind: EntryKind, id: &str) -> Result<(), StoreError> {
+        let k = key_of(kind, id);
         self.write(|manifest, _| {
             let Some(entry) = manifest.entries.get_mut(&k).filter(|e| !e.deleted) else {
                 return Ok(());
@@ -517,9 +584,7 @@ impl Shared {
             entry.updated_ms = now_ms();
             entry.writer = self.replica.clone();
             Ok(())
-        })?;
-        self.release(id);
-        Ok(())
+        })
     }
 
     /// Reads the manifest, changes it with `change` (given the versions
