@@ -107,3 +107,56 @@ fn a_server_killed_while_it_writes_leaves_the_store_whole() {
         scope.spawn(|| killed_mid_write(Store::s3("killed")));
     });
 }
+
+#[test]
+fn a_state_folder_s_tasks_move_to_the_store_at_its_first_read() {
+    // A server without a store fits a task in its state folder; given a
+    // store, it writes the task there at start, and a replica of a folder
+    // of its own serves it with the same bits.
+    let state = common::fresh_dir("migrating");
+    let dir = state.to_str().unwrap().to_string();
+    let mut alone = Server::start(&["--state-dir", &dir]);
+    let r = alone.post_json("/v1/tasks", &fleet::registration("kept", 8));
+    assert_eq!(r.status, 202, "{}", r.text());
+    fleet::wait_ready(&alone, &["kept".to_string()], Duration::from_secs(120));
+    let text = "Ticket 5: it never came and I want my money.";
+    let before = fleet::answer(&alone, "kept", text);
+    alone.kill();
+
+    let store = Store::folder();
+    let mut args = store.args();
+    args.extend(["--state-dir".to_string(), dir]);
+    let moved = replica(&args, &store.env());
+    let manifest = store.manifest();
+    let names: Vec<&Value> = manifest["entries"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|e| &e["name"])
+        .collect();
+    assert_eq!(names, [&Value::from("kept")], "{manifest}");
+    assert!(state.join("tasks/task-store-migrated.json").exists());
+    let other = replica(&store.args(), &store.env());
+    fleet::wait_ready(&other, &["kept".to_string()], Duration::from_secs(30));
+    assert_eq!(fleet::answer(&other, "kept", text), before);
+    assert_eq!(fleet::answer(&moved, "kept", text), before);
+
+    // A replica of another prompt layout keeps the task and lists it, but
+    // does not apply it.
+    let mut args = store.args();
+    args.extend(["--layout".to_string(), "header".to_string()]);
+    let elsewhere = replica(&args, &store.env());
+    let listed = fleet::listed(&elsewhere);
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0]["status"], "ready");
+    let r = elsewhere.post_json(
+        "/v1/decide",
+        &serde_json::json!({"state": text, "questions": [{"task": "kept"}]}),
+    );
+    assert_eq!(r.status, 409, "{}", r.text());
+    assert!(
+        r.text().contains("another serving stack (layout differs)"),
+        "{}",
+        r.text()
+    );
+}

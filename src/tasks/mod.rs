@@ -323,8 +323,8 @@ pub struct TaskRecord {
     #[serde(default)]
     pub seconds: f64,
     /// The serving stack the task was fitted on (set when it is ready): a
-    /// server of another model, tokenizer or prompt layout keeps the task
-    /// (from a shared store, say) but does not apply it.
+    /// replica of another model, tokenizer or prompt layout that reads the
+    /// task from the shared store keeps it but does not apply it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stack: Option<certificate::Stack>,
 }
@@ -418,6 +418,10 @@ pub struct TaskRegistry {
     shared: Option<Arc<shared::Shared>>,
     /// Tasks whose last version the shared store could not take yet.
     unpublished: Mutex<std::collections::BTreeSet<String>>,
+    /// The tasks applied from the shared store that were fitted on
+    /// another serving stack (the backend apart), and what differs: kept
+    /// and listed, not applied.
+    foreign: Mutex<HashMap<String, Vec<&'static str>>>,
     /// Whether the state folder was compared with the shared store.
     migrated: std::sync::atomic::AtomicBool,
 }

@@ -109,6 +109,7 @@ impl TaskRegistry {
             route,
             limits,
             shared: shared.map(Arc::new),
+            foreign: Mutex::new(HashMap::new()),
             unpublished: Mutex::new(BTreeSet::new()),
             migrated: AtomicBool::new(false),
         });
@@ -600,24 +601,18 @@ impl TaskRegistry {
                 ),
             });
         }
-        // The backend apart: a task answers alike on MLX and on vLLM.
-        if let Some(fitted) = &record.stack {
-            let changed: Vec<&str> = fitted
-                .differences(&self.stack())
-                .into_iter()
-                .filter(|d| *d != "backend")
-                .collect();
-            if !changed.is_empty() {
-                return Err(TaskError::NotReady {
-                    param: param.to_string(),
-                    message: format!(
-                        "the task `{name}` was fitted on another serving stack ({} differ{}); \
-                         register it again on this server",
-                        changed.join(", "),
-                        if changed.len() == 1 { "s" } else { "" }
-                    ),
-                });
-            }
+        // Another replica's task fitted on another serving stack is kept,
+        // not applied ([`Self::foreign_lock`]).
+        if let Some(changed) = self.foreign_lock().get(&record.id) {
+            return Err(TaskError::NotReady {
+                param: param.to_string(),
+                message: format!(
+                    "the task `{name}` was fitted on another serving stack ({} differ{}); \
+                     register it again on this server",
+                    changed.join(", "),
+                    if changed.len() == 1 { "s" } else { "" }
+                ),
+            });
         }
         let head = match record.spec.kind {
             Kind::Choice => None,

@@ -373,6 +373,26 @@ impl TaskRegistry {
         {
             return;
         }
+        // Fitted on another serving stack (a task answers alike on MLX
+        // and vLLM, so the backend apart): kept, not applied.
+        let changed: Vec<&'static str> = record
+            .stack
+            .as_ref()
+            .map(|s| s.differences(&self.stack()))
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|d| *d != "backend")
+            .collect();
+        if changed.is_empty() {
+            self.foreign_lock().remove(&id);
+        } else {
+            tracing::info!(
+                "task `{}` ({id}): fitted on another serving stack ({}); kept, not applied",
+                record.spec.name,
+                changed.join(", ")
+            );
+            self.foreign_lock().insert(id.clone(), changed);
+        }
         // A registration another replica finished is not this one's.
         if !record.status.pending() {
             if let Some(shared) = &self.shared {
@@ -381,6 +401,14 @@ impl TaskRegistry {
         }
         tasks.insert(id, record);
         self.update_gauges(&tasks);
+    }
+
+    /// The tasks of another serving stack, by id ([`TaskRegistry`]'s
+    /// `foreign`).
+    pub(super) fn foreign_lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Vec<&'static str>>> {
+        self.foreign.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Removes a task another replica removed.
@@ -394,6 +422,7 @@ impl TaskRegistry {
         };
         let _ = self.store.remove(id);
         self.heads_lock().remove(id);
+        self.foreign_lock().remove(id);
         self.forget_monitor(&record);
         tracing::info!(
             "task `{}` ({id}): removed, as the task store says",

@@ -141,3 +141,31 @@ fn a_lapsed_claim_is_taken_over_and_its_holder_knows() {
     assert!(a.claim("t1").unwrap(), "a released claim is free");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn a_tombstone_past_its_time_is_dropped_and_its_task_still_goes() {
+    let (a, b, dir) = pair("tombstone", Duration::from_secs(30));
+    let a = Shared {
+        settings: Settings {
+            tombstone: Duration::from_millis(50),
+            ..a.settings.clone()
+        },
+        ..a
+    };
+    a.publish(&stored("t1", "x"), None).unwrap();
+    b.poll().unwrap();
+    a.remove("t1").unwrap();
+    let manifest: Manifest =
+        serde_json::from_slice(&std::fs::read(dir.join(MANIFEST)).unwrap()).unwrap();
+    assert!(manifest.entries[&key("t1")].deleted, "kept while young");
+    std::thread::sleep(Duration::from_millis(80));
+    // The next write drops it; a replica that never read the tombstone
+    // still removes the task, which is gone from the manifest.
+    a.publish(&stored("t2", "y"), None).unwrap();
+    let (manifest, changes) = b.poll().unwrap().unwrap();
+    assert!(!manifest.entries.contains_key(&key("t1")));
+    assert!(changes
+        .iter()
+        .any(|c| matches!(c, Change::Remove { id } if id == "t1")));
+    let _ = std::fs::remove_dir_all(dir);
+}
