@@ -128,9 +128,9 @@ impl TaskRegistry {
         record: &TaskRecord,
         head: Option<&crate::stats::head::Head>,
     ) -> Result<(), TaskError> {
-        let Some(shared) = &self.shared else {
+        if self.shared.is_none() {
             return Ok(());
-        };
+        }
         let head = head
             .cloned()
             .or_else(|| self.heads_lock().get(&record.id).map(|h| (**h).clone()));
@@ -139,29 +139,17 @@ impl TaskRegistry {
             record: record.clone(),
             head,
         };
-        let written = shared.publish(&stored, None);
-        self.count_write(&written);
-        written.map(|_| ()).map_err(TaskError::from)
+        self.on_store(|s| s.publish(&stored, None))
     }
 
     /// Writes an abstention task to the store before it is kept here.
     pub(super) fn share_abstention(&self, task: &AbstentionTask) -> Result<(), TaskError> {
-        let Some(shared) = &self.shared else {
-            return Ok(());
-        };
-        let written = shared.publish_abstention(task);
-        self.count_write(&written);
-        written.map(|_| ()).map_err(TaskError::from)
+        self.on_store(|s| s.publish_abstention(task))
     }
 
     /// Writes abstention task `id`'s tombstone.
     pub(super) fn share_abstention_removal(&self, id: &str) -> Result<(), TaskError> {
-        let Some(shared) = &self.shared else {
-            return Ok(());
-        };
-        let written = shared.remove_abstention(id);
-        self.count_write(&written);
-        written.map_err(TaskError::from)
+        self.on_store(|s| s.remove_abstention(id))
     }
 
     /// Keeps abstention task `task` (another replica's) here, or removes
@@ -201,12 +189,21 @@ impl TaskRegistry {
 
     /// Writes task `id`'s tombstone: the task is removed on every replica.
     pub(super) fn share_removal(&self, id: &str) -> Result<(), TaskError> {
+        self.on_store(|s| s.remove(id))
+    }
+
+    /// One write to the shared store, counted by outcome; nothing without
+    /// a store.
+    fn on_store<T>(
+        &self,
+        write: impl FnOnce(&Shared) -> Result<T, StoreError>,
+    ) -> Result<(), TaskError> {
         let Some(shared) = &self.shared else {
             return Ok(());
         };
-        let written = shared.remove(id);
+        let written = write(shared);
         self.count_write(&written);
-        written.map_err(TaskError::from)
+        written.map(|_| ()).map_err(TaskError::from)
     }
 
     fn count_write<T>(&self, written: &Result<T, StoreError>) {
@@ -393,14 +390,16 @@ impl TaskRegistry {
             );
             self.foreign_lock().insert(id.clone(), changed);
         }
-        // A registration another replica finished is not this one's.
-        if !record.status.pending() {
-            if let Some(shared) = &self.shared {
-                shared.release(&id);
-            }
-        }
-        tasks.insert(id, record);
+        let finished = !record.status.pending();
+        tasks.insert(id.clone(), record);
         self.update_gauges(&tasks);
+        drop(tasks);
+        // A registration another replica finished is not this one's; its
+        // claim is given up outside the tasks lock (a release may wait for
+        // a renewal's request to the store).
+        if let Some(shared) = self.shared.as_ref().filter(|_| finished) {
+            shared.release(&id);
+        }
     }
 
     /// The tasks of another serving stack, by id ([`TaskRegistry`]'s
