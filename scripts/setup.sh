@@ -13,6 +13,8 @@ if [ "$(uname -s)" = Linux ]; then
   pkgs=(cmake libclang-dev libopenblas0-pthread prometheus)
   # The C headers of aarch64 Linux, for the bindings of its compile check.
   [ "$(uname -m)" = x86_64 ] && pkgs+=(libc6-dev-arm64-cross)
+  # npm, for Azurite (the task store's Azure tests).
+  command -v npm >/dev/null || pkgs+=(npm)
   for pkg in "${pkgs[@]}"; do
     dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
   done
@@ -43,6 +45,15 @@ if [ "$WANTED" != "$(cat "$STAMP" 2>/dev/null)" ]; then
   "$VENV/bin/pip" install -q --no-deps --ignore-requires-python \
     -r "$ROOT/scripts/requirements-nodeps.txt"
   printf '%s' "$WANTED" > "$STAMP"
+fi
+
+# Azurite, Azure's Blob Storage emulator (npm), for the shared task store's
+# tests on an Azure API (tests/task_store.rs).
+AZURITE=azurite@3.37.0
+if command -v npm >/dev/null && [ "$(cat "$DECISIO_CACHE/azurite/.version" 2>/dev/null)" != "$AZURITE" ]; then
+  say "installing $AZURITE from npm"
+  npm install --prefix "$DECISIO_CACHE/azurite" --no-audit --no-fund --loglevel=error "$AZURITE" >/dev/null
+  echo "$AZURITE" > "$DECISIO_CACHE/azurite/.version"
 fi
 
 # vLLM's CPU build, for the tests of the vLLM backend against a real vLLM

@@ -1,7 +1,8 @@
 //! Replicas sharing a task store (`--task-store`), served on MLX: three
-//! servers on `moto_server`'s S3 API, and three on a local folder, pass
-//! every check of [`common::fleet::check`]; a server killed while it
-//! writes leaves the store whole. (The vLLM backend's fleet is in
+//! servers on `moto_server`'s S3 API, three on Azurite's Blob Storage
+//! API and three on a local folder pass every check of
+//! [`common::fleet::check`]; a server killed while it writes leaves the
+//! store whole; a Cloud Storage API that ignores preconditions is refused. (The vLLM backend's fleet is in
 //! `tests/vllm_real.rs`, in front of a real vLLM.)
 
 mod common;
@@ -31,6 +32,58 @@ fn mlx_replicas_share_their_tasks_in_a_folder() {
     let store = Store::folder();
     let m = fleet::check(&store, replica, 30, true);
     eprintln!("folder: {m:?}");
+}
+
+#[test]
+fn mlx_replicas_share_their_tasks_on_azure_blob_storage() {
+    let store = Store::azure("fleet");
+    let m = fleet::check(&store, replica, 12, true);
+    eprintln!("azure: {m:?}");
+}
+
+#[test]
+fn a_cloud_storage_api_that_ignores_preconditions_is_refused_at_start() {
+    // gcp-storage-emulator answers Cloud Storage's reads and writes but
+    // ignores `x-goog-if-generation-match` and sends no ETag: a server
+    // given it as its store says so and exits, rather than serve a fleet
+    // whose registrations could overwrite each other. (No emulator from
+    // the registries honours the preconditions; the refusal is what a
+    // `gs://` store is tested for here.)
+    let gcs = fleet::Emulator::gcs();
+    let account = common::fresh_dir("gcs").join("service-account.json");
+    std::fs::write(
+        &account,
+        serde_json::json!({
+            "gcs_base_url": format!("http://127.0.0.1:{}", gcs.port),
+            "disable_oauth": true, "client_email": "", "private_key": "", "private_key_id": ""
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let state = common::fresh_dir("gcs-state");
+    let out = std::process::Command::new("timeout")
+        .arg("120")
+        .arg(env!("CARGO_BIN_EXE_decisio"))
+        .args(["serve", "--port", "0", "--task-store", "gs://decisio/fleet"])
+        .arg("--model")
+        .arg(common::model_dir())
+        .arg("--state-dir")
+        .arg(&state)
+        .env("GOOGLE_SERVICE_ACCOUNT", &account)
+        .env("NO_COLOR", "1")
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{log}");
+    assert!(
+        log.contains(
+            "--task-store gs://decisio/fleet: the store answers reads but not a create-only or \
+             compare-and-swap write"
+        ),
+        "{log}"
+    );
+    assert!(!log.contains("listening on"), "{log}");
 }
 
 /// The store's object of digest `d`, checked against it.

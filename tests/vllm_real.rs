@@ -906,6 +906,6 @@ fn vllm_backend_replicas_share_their_tasks_on_s3_and_in_a_folder() {
     let start = |args: &[String], env: &[(&'static str, String)]| gateway_with(v, args, env);
     let s3 = fleet::check(&fleet::Store::s3("vllm"), start, 6, true);
     eprintln!("s3: {s3:?}");
-    let folder = fleet::check(&fleet::Store::folder(), start, 6, false);
+    let folder = fleet::check(&fleet::Store::folder(), start, 3, false);
     eprintln!("folder: {folder:?}");
 }

@@ -7,8 +7,9 @@
 //! another.
 //!
 //! The stores are real: `moto_server` (an S3 API from PyPI, in the test
-//! venv) on 127.0.0.1, reached through a proxy the test can cut, and a
-//! local folder.
+//! venv) and Azurite (Azure's Blob Storage emulator, from npm) on
+//! 127.0.0.1, each reached through a proxy the test can cut, and a local
+//! folder.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -90,50 +91,147 @@ impl Proxy {
     }
 }
 
-/// `moto_server` with the bucket `decisio`, stopped on drop.
-pub struct Moto {
+/// A store's emulator on 127.0.0.1, with the bucket (or container)
+/// `decisio`; stopped on drop.
+pub struct Emulator {
     child: Child,
     pub port: u16,
 }
 
-impl Moto {
-    pub fn start() -> Moto {
-        let port = super::vllm::free_port();
-        let child = Command::new(cache_dir().join("venv/bin/moto_server"))
-            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start moto_server (make test installs it in the test venv)");
-        let moto = Moto { child, port };
-        let start = Instant::now();
-        loop {
-            let made = super::request(port, "PUT", "/decisio", &[], Some(b""));
-            if made.as_ref().is_ok_and(|r| r.status == 200) {
-                break;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(60),
-                "moto_server did not answer: {:?}",
-                made.map(|r| r.text())
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        moto
+/// The well-known account of Azure's storage emulators.
+const AZURITE_ACCOUNT: &str = "devstoreaccount1";
+const AZURITE_KEY: &str =
+    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==";
+
+/// The Azure SDK for Python's connection string for Azurite on `port`.
+fn azurite_connection(port: u16) -> String {
+    format!(
+        "DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};AccountKey={AZURITE_KEY};\
+         BlobEndpoint=http://127.0.0.1:{port}/{AZURITE_ACCOUNT};"
+    )
+}
+
+/// Runs `script` with the test venv's Python and `args`: its output, or
+/// `None` when it exits 3 (the object is not there).
+fn python(script: &str, args: &[String]) -> Option<Vec<u8>> {
+    let out = Command::new(cache_dir().join("venv/bin/python"))
+        .arg("-c")
+        .arg(script)
+        .args(args)
+        .output()
+        .unwrap();
+    match out.status.code() {
+        Some(0) => Some(out.stdout),
+        Some(3) => None,
+        _ => panic!("{}", String::from_utf8_lossy(&out.stderr)),
     }
 }
 
-impl Drop for Moto {
+impl Emulator {
+    /// Starts `program` (with `args`, its port last) and waits until
+    /// `ready` says it made the bucket.
+    fn start(what: &str, program: PathBuf, args: &[&str], ready: impl Fn(u16) -> bool) -> Self {
+        let port = super::vllm::free_port();
+        let child = Command::new(&program)
+            .args(args)
+            .arg(port.to_string())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "start {what} ({}): {e}; make test installs it",
+                    program.display()
+                )
+            });
+        let emulator = Emulator { child, port };
+        let start = Instant::now();
+        while !ready(port) {
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "{what} did not answer on :{port}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        emulator
+    }
+
+    /// `moto_server`, an S3 API from PyPI, in the test venv.
+    pub fn moto() -> Self {
+        Self::start(
+            "moto_server",
+            cache_dir().join("venv/bin/moto_server"),
+            &["-H", "127.0.0.1", "-p"],
+            |port| {
+                super::request(port, "PUT", "/decisio", &[], Some(b""))
+                    .is_ok_and(|r| r.status == 200)
+            },
+        )
+    }
+
+    /// Azurite, Azure's Blob Storage emulator from npm, in memory.
+    pub fn azurite() -> Self {
+        let script = "import sys\n\
+            from azure.storage.blob import BlobServiceClient\n\
+            try:\n    BlobServiceClient.from_connection_string(sys.argv[1]).create_container('decisio')\n\
+            except Exception:\n    sys.exit(3)\n";
+        Self::start(
+            "Azurite",
+            cache_dir().join("azurite/node_modules/.bin/azurite-blob"),
+            &[
+                "--inMemoryPersistence",
+                "--silent",
+                "--skipApiVersionCheck",
+                "--blobHost",
+                "127.0.0.1",
+                "--blobPort",
+            ],
+            |port| python(script, &[azurite_connection(port)]).is_some(),
+        )
+    }
+
+    /// `gcp-storage-emulator`, a Cloud Storage API from PyPI, in the test
+    /// venv, in memory.
+    pub fn gcs() -> Self {
+        Self::start(
+            "gcp-storage-emulator",
+            cache_dir().join("venv/bin/gcp-storage-emulator"),
+            &[
+                "start",
+                "-q",
+                "-M",
+                "--default-bucket",
+                "decisio",
+                "-H",
+                "127.0.0.1",
+                "--port",
+            ],
+            |port| super::request(port, "GET", "/", &[], None).is_ok_and(|r| r.status == 200),
+        )
+    }
+}
+
+impl Drop for Emulator {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
 }
 
+/// The cloud whose API an emulator serves.
+#[derive(Clone, Copy, PartialEq)]
+pub enum Cloud {
+    S3,
+    Azure,
+}
+
 /// A store the replicas of one fleet share.
 pub enum Store {
-    S3 {
-        moto: Moto,
+    /// A cloud's API on its emulator, reached through a proxy the test
+    /// can cut.
+    Cloud {
+        cloud: Cloud,
+        emulator: Emulator,
         proxy: Proxy,
         prefix: String,
     },
@@ -143,10 +241,19 @@ pub enum Store {
 impl Store {
     /// An S3 store on `moto_server`, under a prefix of its own.
     pub fn s3(prefix: &str) -> Store {
-        let moto = Moto::start();
-        let proxy = Proxy::start(moto.port);
-        Store::S3 {
-            moto,
+        Self::cloud(Cloud::S3, Emulator::moto(), prefix)
+    }
+
+    /// An Azure Blob Storage store on Azurite, under a prefix of its own.
+    pub fn azure(prefix: &str) -> Store {
+        Self::cloud(Cloud::Azure, Emulator::azurite(), prefix)
+    }
+
+    fn cloud(cloud: Cloud, emulator: Emulator, prefix: &str) -> Store {
+        let proxy = Proxy::start(emulator.port);
+        Store::Cloud {
+            cloud,
+            emulator,
             proxy,
             prefix: prefix.into(),
         }
@@ -158,7 +265,16 @@ impl Store {
 
     pub fn url(&self) -> String {
         match self {
-            Store::S3 { prefix, .. } => format!("s3://decisio/{prefix}"),
+            Store::Cloud {
+                cloud: Cloud::S3,
+                prefix,
+                ..
+            } => format!("s3://decisio/{prefix}"),
+            Store::Cloud {
+                cloud: Cloud::Azure,
+                prefix,
+                ..
+            } => format!("az://decisio/{prefix}"),
             Store::Folder(dir) => format!("file://{}", dir.display()),
         }
     }
@@ -167,7 +283,11 @@ impl Store {
     /// credentials from.
     pub fn env(&self) -> Vec<(&'static str, String)> {
         match self {
-            Store::S3 { proxy, .. } => vec![
+            Store::Cloud {
+                cloud: Cloud::S3,
+                proxy,
+                ..
+            } => vec![
                 ("AWS_ACCESS_KEY_ID", "decisio-test".into()),
                 ("AWS_SECRET_ACCESS_KEY", "decisio-test".into()),
                 ("AWS_REGION", "us-east-1".into()),
@@ -176,6 +296,17 @@ impl Store {
                     format!("http://127.0.0.1:{}", proxy.port),
                 ),
                 ("AWS_ALLOW_HTTP", "true".into()),
+            ],
+            Store::Cloud {
+                cloud: Cloud::Azure,
+                proxy,
+                ..
+            } => vec![
+                ("AZURE_STORAGE_USE_EMULATOR", "true".into()),
+                (
+                    "AZURITE_BLOB_STORAGE_URL",
+                    format!("http://127.0.0.1:{}", proxy.port),
+                ),
             ],
             Store::Folder(_) => Vec::new(),
         }
@@ -194,30 +325,41 @@ impl Store {
     }
 
     /// The object `name` as the store holds it, read past the replicas
-    /// (on S3, by boto3, the AWS SDK for Python); `None` when there is none.
+    /// (by the cloud's SDK for Python: boto3, azure-storage-blob); `None`
+    /// when there is none.
     pub fn read(&self, name: &str) -> Option<Vec<u8>> {
         match self {
-            Store::S3 { moto, prefix, .. } => {
-                let script = "import sys, boto3\n\
-                    s3 = boto3.client('s3', endpoint_url=sys.argv[1], region_name='us-east-1',\n\
-                    aws_access_key_id='decisio-test', aws_secret_access_key='decisio-test')\n\
-                    try:\n    body = s3.get_object(Bucket='decisio', Key=sys.argv[2])['Body'].read()\n\
-                    except s3.exceptions.NoSuchKey:\n    sys.exit(3)\n\
-                    sys.stdout.buffer.write(body)\n";
-                let out = Command::new(cache_dir().join("venv/bin/python"))
-                    .args([
-                        "-c",
-                        script,
-                        &format!("http://127.0.0.1:{}", moto.port),
-                        &format!("{prefix}/{name}"),
-                    ])
-                    .output()
-                    .unwrap();
-                match out.status.code() {
-                    Some(0) => Some(out.stdout),
-                    Some(3) => None,
-                    _ => panic!("boto3: {}", String::from_utf8_lossy(&out.stderr)),
-                }
+            Store::Cloud {
+                cloud,
+                emulator,
+                prefix,
+                ..
+            } => {
+                let script = match cloud {
+                    Cloud::S3 => {
+                        "import sys, boto3\n\
+                        s3 = boto3.client('s3', endpoint_url=sys.argv[1], region_name='us-east-1',\n\
+                        aws_access_key_id='decisio-test', aws_secret_access_key='decisio-test')\n\
+                        try:\n    body = s3.get_object(Bucket='decisio', Key=sys.argv[2])['Body'].read()\n\
+                        except s3.exceptions.NoSuchKey:\n    sys.exit(3)\n\
+                        sys.stdout.buffer.write(body)\n"
+                    }
+                    Cloud::Azure => {
+                        "import sys\n\
+                        from azure.core.exceptions import ResourceNotFoundError\n\
+                        from azure.storage.blob import BlobServiceClient\n\
+                        service = BlobServiceClient.from_connection_string(sys.argv[1])\n\
+                        blob = service.get_blob_client('decisio', sys.argv[2])\n\
+                        try:\n    body = blob.download_blob().readall()\n\
+                        except ResourceNotFoundError:\n    sys.exit(3)\n\
+                        sys.stdout.buffer.write(body)\n"
+                    }
+                };
+                let endpoint = match cloud {
+                    Cloud::S3 => format!("http://127.0.0.1:{}", emulator.port),
+                    Cloud::Azure => azurite_connection(emulator.port),
+                };
+                python(script, &[endpoint, format!("{prefix}/{name}")])
             }
             Store::Folder(dir) => std::fs::read(dir.join(name)).ok(),
         }
@@ -233,7 +375,7 @@ impl Store {
 
     fn proxy(&self) -> Option<&Proxy> {
         match self {
-            Store::S3 { proxy, .. } => Some(proxy),
+            Store::Cloud { proxy, .. } => Some(proxy),
             Store::Folder(_) => None,
         }
     }

@@ -14,7 +14,13 @@ impl Shared {
     /// What changed in the manifest since this replica last read it, with
     /// the objects of the entries to apply; `Ok(None)` when nothing did.
     pub fn poll(&self) -> Result<Option<(Manifest, Vec<Change>)>, StoreError> {
-        let unless = self.followed().tag.clone();
+        // What was applied (or written) here before the read: an entry of
+        // it the read lacks was removed elsewhere. Taken after the read, a
+        // write of this replica's landing in between would look removed.
+        let (unless, applied) = {
+            let f = self.followed();
+            (f.tag.clone(), f.applied.clone())
+        };
         let read = self.read_manifest(unless.as_ref());
         let read = match read {
             Ok(r) => r,
@@ -34,7 +40,6 @@ impl Shared {
             f.last_error = None;
             return Ok(None);
         };
-        let applied = self.followed().applied.clone();
         let mut changes = Vec::new();
         let mut seen = HashMap::new();
         let mut complete = true;

@@ -334,7 +334,7 @@ impl Shared {
             )
         };
         let o = &self.objects;
-        let checked = (|| -> Result<(), Fault> {
+        let check = || -> Result<(), Fault> {
             let first = o.put(&name, b"1", Write::Create)?;
             match o.put(&name, b"2", Write::Create) {
                 Err(Fault::Exists) => {}
@@ -347,7 +347,27 @@ impl Shared {
                 Err(e) => Err(e),
                 Ok(_) => Err(Fault::Stale),
             }
-        })();
+        };
+        let mut checked = check();
+        // A store that answers reads but fails the writes (an answer
+        // without the version's tag, a 501) is refused, once the writes
+        // failed twice; one that answers nothing is only out of reach.
+        let mut tries = 1;
+        while let Err(Fault::Unavailable(e)) = &checked {
+            if o.get(MANIFEST, None).is_err() {
+                break;
+            }
+            if tries == 2 {
+                let e = e.clone();
+                let _ = o.delete(&name);
+                return Err(fail(&format!(
+                    "answers reads but not a create-only or compare-and-swap write ({e})"
+                )));
+            }
+            tries += 1;
+            let _ = o.delete(&name);
+            checked = check();
+        }
         let _ = o.delete(&name);
         match checked {
             Ok(()) => Ok(()),
