@@ -16,12 +16,23 @@ CACHE=${DECISIO_CACHE:-$HOME/.cache/decisio}
 MODEL=${DECISIO_MODEL:-$CACHE/models/smollm2-135m-instruct}
 ASSETS=${DECISIO_ASSETS:-$CACHE/assets}
 WORK=$(mktemp -d)
-PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+# vLLM loads (about 30 s) while the suite runs on MLX.
+VENV=${DECISIO_VLLM_VENV:-$CACHE/vllm-venv}
+HF_MODEL=$CACHE/models/smollm2-135m-instruct-dense
+free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+VPORT=$(free_port)
+t0=$(date +%s)
+VLLM_TARGET_DEVICE=cpu VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=nobind VLLM_NO_USAGE_STATS=1 \
+  HF_HUB_OFFLINE=1 setsid "$VENV/bin/vllm" serve "$HF_MODEL" --served-model-name smollm2 \
+  --host 127.0.0.1 --port "$VPORT" --dtype float32 --max-model-len 4096 --enable-prefix-caching \
+  --enable-prompt-tokens-details --enforce-eager --block-size 32 >"$WORK/vllm.log" 2>&1 &
+VLLM_PID=$!
+trap 'kill -TERM -- -$VLLM_PID 2>/dev/null; rm -rf "$WORK"' EXIT
+PORT=$(free_port)
 "$BIN" serve --model "$MODEL" --served-model-name smollm2 --port "$PORT" --state-dir "$WORK/state" \
   >"$WORK/server.log" 2>&1 &
 PID=$!
-VLLM_PID=
-trap 'kill $PID 2>/dev/null; [ -n "$VLLM_PID" ] && kill -TERM -- -$VLLM_PID 2>/dev/null; rm -rf "$WORK"' EXIT
+trap 'kill $PID 2>/dev/null; kill -TERM -- -$VLLM_PID 2>/dev/null; rm -rf "$WORK"' EXIT
 until curl -sf "http://127.0.0.1:$PORT/health" >/dev/null; do
   kill -0 $PID 2>/dev/null || { cat "$WORK/server.log"; echo "decisio exited before it was ready" >&2; exit 1; }
   sleep 0.3
@@ -39,16 +50,6 @@ if "$BIN" gate --record "$RECORDS/degraded-q2" --against "$RECORDS/reference-den
   exit 1
 fi
 
-VENV=${DECISIO_VLLM_VENV:-$CACHE/vllm-venv}
-HF_MODEL=$CACHE/models/smollm2-135m-instruct-dense
-free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-VPORT=$(free_port)
-t0=$(date +%s)
-VLLM_TARGET_DEVICE=cpu VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=nobind VLLM_NO_USAGE_STATS=1 \
-  HF_HUB_OFFLINE=1 setsid "$VENV/bin/vllm" serve "$HF_MODEL" --served-model-name smollm2 \
-  --host 127.0.0.1 --port "$VPORT" --dtype float32 --max-model-len 4096 --enable-prefix-caching \
-  --enable-prompt-tokens-details --enforce-eager --block-size 32 >"$WORK/vllm.log" 2>&1 &
-VLLM_PID=$!
 until curl -sf "http://127.0.0.1:$VPORT/health" >/dev/null; do
   kill -0 $VLLM_PID 2>/dev/null || { tail -40 "$WORK/vllm.log"; echo "vLLM exited before it was ready" >&2; exit 1; }
   sleep 1

@@ -109,7 +109,7 @@ rust_json=()
 stage rust python3 scripts/test_binaries.py "${rust_json[@]}"
 stage targets bash scripts/check-targets.sh
 hold_defaults
-stage e2e "$PYTHON" -m pytest -q -p no:cacheprovider tests/e2e tests/tools
+stage e2e "$PYTHON" -m pytest -q -p no:cacheprovider --durations=12 tests/e2e tests/tools
 release_defaults
 stage gates bash scripts/ci_gates.sh
 exit $failed
