@@ -31,7 +31,7 @@ fn unsure_questions_think_on_both_backends_as_the_reference_mixes_them() {
     // The two servers are checked side by side.
     let thought: usize = std::thread::scope(|scope| {
         let checks: Vec<_> = [&mlx, &gateway]
-            .map(|s| scope.spawn(|| check_thinking(s, mlx.port, &entries)))
+            .map(|s| scope.spawn(|| check_thinking(s, mlx.port, &entries, 0.0)))
             .into_iter()
             .collect();
         checks.into_iter().map(|c| c.join().unwrap()).sum()

@@ -892,7 +892,9 @@ fn unsure_questions_think_through_a_real_vllm_as_the_reference_mixes_them() {
         ],
     );
     let entries = common::think::requests(3);
-    let thought = common::think::check_thinking(&gw, v.port, &entries);
+    // Asked again, within 1e-5: vLLM's float32 sums depend on what it
+    // batches together (a question's reasoning beside the others').
+    let thought = common::think::check_thinking(&gw, v.port, &entries, 1e-5);
     assert!(thought >= 6, "{thought} questions thought");
 }
 

@@ -6,8 +6,8 @@
 //! nothing; a replica killed while it fits leaves the registration to
 //! another.
 //!
-//! The stores are real: `moto_server` (an S3 API from PyPI, in the test
-//! venv) and Azurite (Azure's Blob Storage emulator, from npm) on
+//! The stores are real: moto's S3 API (PyPI, in the test venv, served
+//! one request at a time: [`Emulator::moto`]) and Azurite (Azure's Blob Storage emulator, from npm) on
 //! 127.0.0.1, each reached through a proxy the test can cut, and a local
 //! folder.
 
@@ -156,12 +156,24 @@ impl Emulator {
         emulator
     }
 
-    /// `moto_server`, an S3 API from PyPI, in the test venv.
+    /// moto's S3 API (PyPI, in the test venv), as `moto_server` serves
+    /// it but one request at a time: moto checks a write's `If-Match` or
+    /// `If-None-Match` and then writes, without a lock, so two conditional
+    /// writes racing on `moto_server`'s threads can both pass (one CI run
+    /// lost a registration so); S3 decides them atomically.
     pub fn moto() -> Self {
+        let script = "import sys, threading\n\
+            from werkzeug.serving import run_simple\n\
+            from moto.server import DomainDispatcherApplication, create_backend_app\n\
+            app = DomainDispatcherApplication(create_backend_app)\n\
+            lock = threading.Lock()\n\
+            def serial(environ, start_response):\n    \
+            with lock:\n        return list(app(environ, start_response))\n\
+            run_simple('127.0.0.1', int(sys.argv[1]), serial, threaded=True)\n";
         Self::start(
-            "moto_server",
-            cache_dir().join("venv/bin/moto_server"),
-            &["-H", "127.0.0.1", "-p"],
+            "moto's S3 API",
+            cache_dir().join("venv/bin/python"),
+            &["-c", script],
             |port| {
                 super::request(port, "PUT", "/decisio", &[], Some(b""))
                     .is_ok_and(|r| r.status == 200)
