@@ -20,25 +20,25 @@ fn replica(args: &[String], env: &[(&'static str, String)]) -> Server {
     Server::start_env(&args, env)
 }
 
+/// Every check of a fleet of three MLX replicas on `store`.
+fn fleet_on(store: Store, at_once: usize) {
+    let m = fleet::check(&store, replica, at_once, true);
+    eprintln!("{}: {m:?}", store.url());
+}
+
 #[test]
 fn mlx_replicas_share_their_tasks_on_an_s3_store() {
-    let store = Store::s3("fleet");
-    let m = fleet::check(&store, replica, 30, true);
-    eprintln!("s3: {m:?}");
+    fleet_on(Store::s3("fleet"), 30);
 }
 
 #[test]
 fn mlx_replicas_share_their_tasks_in_a_folder() {
-    let store = Store::folder();
-    let m = fleet::check(&store, replica, 30, true);
-    eprintln!("folder: {m:?}");
+    fleet_on(Store::folder(), 30);
 }
 
 #[test]
 fn mlx_replicas_share_their_tasks_on_azure_blob_storage() {
-    let store = Store::azure("fleet");
-    let m = fleet::check(&store, replica, 12, true);
-    eprintln!("azure: {m:?}");
+    fleet_on(Store::azure("fleet"), 12);
 }
 
 #[test]

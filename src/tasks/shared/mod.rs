@@ -348,25 +348,22 @@ impl Shared {
                 Ok(_) => Err(Fault::Stale),
             }
         };
+        // A store that answers reads but fails the writes twice (an answer
+        // without the version's tag, a 501) is refused; one that answers
+        // nothing is only out of reach.
+        let answers_reads = || o.get(MANIFEST, None).is_ok();
         let mut checked = check();
-        // A store that answers reads but fails the writes (an answer
-        // without the version's tag, a 501) is refused, once the writes
-        // failed twice; one that answers nothing is only out of reach.
-        let mut tries = 1;
-        while let Err(Fault::Unavailable(e)) = &checked {
-            if o.get(MANIFEST, None).is_err() {
-                break;
-            }
-            if tries == 2 {
-                let e = e.clone();
-                let _ = o.delete(&name);
-                return Err(fail(&format!(
-                    "answers reads but not a create-only or compare-and-swap write ({e})"
-                )));
-            }
-            tries += 1;
+        if matches!(checked, Err(Fault::Unavailable(_))) && answers_reads() {
             let _ = o.delete(&name);
             checked = check();
+            if let Err(Fault::Unavailable(e)) = &checked {
+                if answers_reads() {
+                    let _ = o.delete(&name);
+                    return Err(fail(&format!(
+                        "answers reads but not a create-only or compare-and-swap write ({e})"
+                    )));
+                }
+            }
         }
         let _ = o.delete(&name);
         match checked {
